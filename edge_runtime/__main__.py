@@ -1,0 +1,3 @@
+from edge_runtime.cli import main
+
+raise SystemExit(main())

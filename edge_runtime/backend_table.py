@@ -1,0 +1,44 @@
+"""The one place that names concrete backends: lazy import strings, in no order.
+
+Importing a backend module may import its native library (pyopencl, LiteRT),
+so a backend is imported only when the runtime first asks about it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+from backends.base import Availability, Backend
+
+log = logging.getLogger(__name__)
+
+BACKENDS: dict[str, str] = {
+    "cpu": "backends.cpu:CPUBackend",
+    "opencl": "backends.opencl:OpenCLBackend",
+    "tflite": "backends.tflite:TFLiteBackend",
+    "null": "backends.null:NullBackend",
+}
+
+# Backends a user can name on the command line; "null" is a test fake.
+USER_BACKENDS = ("cpu", "opencl", "tflite")
+
+
+def construct(name: str, cache_dir: Path | None) -> tuple[Backend | None, Availability]:
+    """Import and build backend ``name``; an import failure is an unavailability, not a crash."""
+    target = BACKENDS.get(name)
+    if target is None:
+        return None, Availability.no(f"unknown backend {name!r}; known: {sorted(BACKENDS)}")
+    module_name, class_name = target.split(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except ImportError as exc:
+        return None, Availability.no(f"{module_name} cannot be imported: {exc}")
+    backend = cls(cache_dir=cache_dir)
+    try:
+        availability = backend.availability()
+    except Exception as exc:  # a broken driver must not take the runtime down
+        log.warning("backend %s: availability check failed: %s", name, exc)
+        availability = Availability.no(f"availability check failed: {exc}")
+    return backend, availability

@@ -1,0 +1,145 @@
+"""``edge-runtime`` command line: probe, demo, run.
+
+The spellings here are a contract other tools and checks rely on; see README.
+Each subcommand is a thin layer over the library and returns an exit code:
+0 success, 1 runtime/model error (message on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from edge_runtime.errors import EdgeRuntimeError
+
+log = logging.getLogger("edge_runtime")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-runtime", description="Inference runtime for ARM/Android edge devices.")
+    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    probe = sub.add_parser("probe", help="describe this device and the matched catalogue profile")
+    probe.add_argument("--json", action="store_true", help="print the profile and match as JSON")
+    probe.add_argument("--root", default="/", help="read procfs/sysfs under this directory (tests)")
+    probe.set_defaults(handler=_cmd_probe)
+
+    demo = sub.add_parser("demo", help="build the demo CNN and run it on every available backend")
+    demo.add_argument("--repeat", type=int, default=30, help="timed runs per backend (default 30)")
+    demo.add_argument("--json", action="store_true", help="print the table as JSON")
+    demo.set_defaults(handler=_cmd_demo)
+
+    run = sub.add_parser("run", help="run a model file and report latency and outputs")
+    run.add_argument("model", type=Path, help="model file (.onnx or .tflite)")
+    run.add_argument("--backend", default="auto", help="auto (default), cpu, opencl or tflite")
+    run.add_argument("--input", action="append", default=[], type=_key_value, metavar="NAME=FILE.npy",
+                     help="feed input NAME from a .npy file (repeatable); seeded random otherwise")
+    run.add_argument("--output", type=Path, help="write the outputs to this .npz file")
+    run.add_argument("--repeat", type=int, default=10, help="timed runs (default 10)")
+    run.add_argument("--delegate", action="append", default=[], metavar="LIB",
+                     help="TFLite external delegate library to load (repeatable)")
+    run.add_argument("--delegate-option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
+                     help="option for the last --delegate (repeatable)")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(handler=_cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except EdgeRuntimeError as exc:
+        print(f"edge-runtime {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from device_profiles import match, probe
+    from device_profiles.report import format_profile
+
+    profile = probe(args.root)
+    matched = match(profile)
+    if args.json:
+        _print_json({"profile": profile, "match": matched.to_dict()})
+    else:
+        print(format_profile(profile, matched))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from edge_runtime.demo import format_table, run_demo
+
+    rows, chosen = run_demo(repeat=args.repeat)
+    if args.json:
+        _print_json({"rows": rows, "auto_backend": chosen})
+    else:
+        print(format_table(rows, chosen))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import numpy as np
+
+    from backends.base import DelegateSpec
+    from edge_runtime.feeds import random_feeds
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.timing import measure_ms, summarise_ms
+
+    runtime = Runtime()
+    options = runtime.compile_options()
+    if args.delegate:
+        # --delegate-option applies to the delegate named last on the command line.
+        specs = [DelegateSpec(lib) for lib in args.delegate]
+        specs[-1] = DelegateSpec(specs[-1].library, tuple(args.delegate_option))
+        options = dataclasses.replace(options, delegates=tuple(specs) + options.delegates)
+    elif args.delegate_option:
+        raise SystemExit("edge-runtime run: --delegate-option needs a --delegate")
+    model = runtime.load(args.model, backend=args.backend, options=options)
+    feeds = random_feeds(model.inputs)
+    for name, file in args.input:
+        feeds[name] = np.load(file)
+    outputs = model.run(feeds)
+    samples = measure_ms(lambda: model.run(feeds), args.repeat, warmup=0)
+    if args.output:
+        np.savez(args.output, **outputs)
+    result = {
+        "model": str(args.model),
+        "backend": model.backend,
+        "backend_nodes": model.backend_nodes,
+        "latency_ms": summarise_ms(samples),
+        "inputs": {name: {"shape": list(a.shape), "dtype": a.dtype.name} for name, a in feeds.items()},
+        "outputs": {name: {"shape": list(a.shape), "dtype": a.dtype.name} for name, a in outputs.items()},
+        "load": model.describe(),
+    }
+    if args.json:
+        _print_json(result)
+    else:
+        lat = result["latency_ms"]
+        print(f"{args.model} on {model.backend}: p50 {lat['p50']} ms, p95 {lat['p95']} ms, mean {lat['mean']} ms")
+        for name, meta in result["outputs"].items():
+            print(f"  {name}: {meta['dtype']}{meta['shape']}")
+    model.close()
+    runtime.close()
+    return 0

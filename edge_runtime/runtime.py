@@ -1,0 +1,172 @@
+"""``Runtime``: probes the device once, knows the backends, loads models onto them."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from backends.base import Availability, Backend, CompileOptions, backend_nodes_of
+from edge_runtime import backend_table
+from edge_runtime.config import RuntimeConfig, runtime_config
+from edge_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedNodesError,
+)
+from edge_runtime.model import LoadReport, Model
+
+log = logging.getLogger(__name__)
+
+TFLITE_SUFFIXES = (".tflite", ".lite")
+
+
+class Runtime:
+    """Entry point of the library.
+
+    ``Runtime()`` probes the device (``device_profiles.probe``), matches it
+    against the catalogue and lazily builds backends as they are asked for.
+    ``load`` compiles a model onto one backend; ``backend="auto"`` takes the
+    first backend in the matched profile's order that can run every node.
+    """
+
+    def __init__(self, config: RuntimeConfig | None = None, *, profile: dict[str, Any] | None = None) -> None:
+        from device_profiles import match, probe
+
+        self.config = config or runtime_config()
+        self.profile = profile if profile is not None else probe(
+            self.config.probe_root, opencl=self.config.probe_opencl)
+        self.match = match(self.profile)
+        self._backends: dict[str, tuple[Backend | None, Availability]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=max(2, self.threads), thread_name_prefix="edge-runtime")
+
+    @property
+    def threads(self) -> int:
+        """Intra-op threads: configured, else the profile's usable cores (cgroup quota respected)."""
+        if self.config.intra_op_threads:
+            return self.config.intra_op_threads
+        return int(self.profile.get("cpu", {}).get("usable_cores") or os.cpu_count() or 1)
+
+    def backend(self, name: str) -> Backend:
+        """The backend called ``name``; raises BackendUnavailableError saying why not."""
+        backend, availability = self._backend_entry(name)
+        if backend is None or not availability.ok:
+            raise BackendUnavailableError(f"backend {name!r} is not available: {availability.reason}")
+        return backend
+
+    def availability(self, name: str) -> Availability:
+        return self._backend_entry(name)[1]
+
+    def backend_order(self) -> list[str]:
+        """The matched profile's backend order, then ``cpu`` if the profile left it out."""
+        order = [b for b in self.match.backend_order if b in backend_table.BACKENDS]
+        return order if "cpu" in order else [*order, "cpu"]
+
+    def _backend_entry(self, name: str) -> tuple[Backend | None, Availability]:
+        if name not in self._backends:
+            self._backends[name] = backend_table.construct(name, self.config.cache_dir)
+        return self._backends[name]
+
+    def compile_options(self) -> CompileOptions:
+        return CompileOptions(
+            intra_op_threads=self.threads,
+            cache_dir=self.config.cache_dir,
+            precision=self.config.precision,
+            delegates=self.config.delegates + _catalogue_delegates(self.match.hints),
+            cache_key_extra=self.device_key(),
+        )
+
+    def device_key(self) -> str:
+        """A short fingerprint of the device for cache keys (build, CPU, profile)."""
+        android = self.profile.get("android") or {}
+        cpu = self.profile.get("cpu", {})
+        text = "|".join([str(android.get("fingerprint", "")), str(cpu.get("model_name", "")),
+                         ",".join(cpu.get("features", [])), self.match.name])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def load(self, path: str | os.PathLike, name: str | None = None, backend: str = "auto",
+             options: CompileOptions | None = None) -> Model:
+        """Load and compile a model file (``.onnx``, ``.tflite``).
+
+        Raises ModelNotFoundError (missing file), ModelLoadError (corrupt file),
+        BackendUnavailableError / UnsupportedNodesError (the named backend
+        cannot take the whole model; the error lists the nodes).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file not found: {path}")
+        options = options or self.compile_options()
+        name = name or path.stem
+        if path.suffix.lower() in TFLITE_SUFFIXES:
+            if backend not in ("auto", "tflite"):
+                raise InvalidInputError(f"{path}: a .tflite model runs on the 'tflite' backend, not {backend!r}")
+            return self._compile(name, path, path, "tflite", options, "TFLite model", ())
+        from backends.onnx_graph import load_onnx
+
+        proto = load_onnx(path)
+        if backend != "auto":
+            return self._compile(name, path, proto, backend, options, "requested", ())
+        return self._load_auto(name, path, proto, options)
+
+    def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
+        from backends.onnx_graph import tensor_specs
+
+        specs = tensor_specs(proto)
+        tried: list[tuple[str, str]] = []
+        for candidate in self.backend_order():
+            if candidate == "tflite":
+                continue  # ONNX models do not run on the TFLite backend
+            backend_obj, availability = self._backend_entry(candidate)
+            if backend_obj is None or not availability.ok:
+                tried.append((candidate, availability.reason))
+                continue
+            unclaimed = [n for n in proto.graph.node if not backend_obj.supports(n, specs)]
+            if unclaimed:
+                tried.append((candidate, f"cannot take {len(unclaimed)} node(s), e.g. {unclaimed[0].op_type}"))
+                continue
+            try:
+                return self._compile(name, path, proto, candidate, options,
+                                     f"first in profile {self.match.name!r} order taking every node", tuple(tried))
+            except (BackendError, BackendUnavailableError, ModelLoadError) as exc:
+                if candidate == "cpu":
+                    raise
+                log.warning("backend %s failed to compile %s, trying the next: %s", candidate, path, exc)
+                tried.append((candidate, f"compile failed: {exc}"))
+        raise BackendUnavailableError(f"no backend can run {path}: {tried}")
+
+    def _compile(self, name: str, path: Path, source: Any, backend_name: str, options: CompileOptions,
+                 reason: str, tried: tuple[tuple[str, str], ...]) -> Model:
+        backend_obj = self.backend(backend_name)
+        node_count = len(source.graph.node) if hasattr(source, "graph") else 0
+        if hasattr(source, "graph"):
+            from backends.onnx_graph import node_label, tensor_specs
+
+            specs = tensor_specs(source)
+            unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node)
+                         if not backend_obj.supports(n, specs)]
+            if unclaimed:
+                raise UnsupportedNodesError(backend_name, unclaimed)
+        executable = backend_obj.compile(source, options)
+        counts = backend_nodes_of(executable, backend_name, node_count)
+        report = LoadReport(backend_name, reason, node_count or sum(counts.values()), counts, tried)
+        log.info("loaded %s on %s (%s)", path, backend_name, reason)
+        return Model(name, path, executable, report, self._executor)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _catalogue_delegates(hints: dict[str, Any]) -> tuple[Any, ...]:
+    from backends.base import DelegateSpec
+
+    delegate = hints.get("delegate") if isinstance(hints, dict) else None
+    if not isinstance(delegate, dict) or not delegate.get("library"):
+        return ()
+    options = delegate.get("options", {}) or {}
+    return (DelegateSpec(str(delegate["library"]), tuple((str(k), str(v)) for k, v in options.items())),)

@@ -1,0 +1,83 @@
+"""The CLI contract: spellings and JSON fields other tools rely on (run as real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cache: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "edge_runtime", *args], capture_output=True, text=True,
+                            env=env, timeout=240)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_run_json_reports_latency_nodes_and_outputs(model_dir: Path, tmp_path: Path) -> None:
+    result = cli("run", str(model_dir / "mobilenet.onnx"), "--backend", "cpu", "--repeat", "3", "--json",
+                 cache=tmp_path)
+    report = json.loads(result.stdout)
+    assert set(report["latency_ms"]) >= {"p50", "p95", "mean"}
+    assert report["latency_ms"]["n"] == 3
+    import onnx
+
+    assert report["backend_nodes"] == {"cpu": len(onnx.load(str(model_dir / "mobilenet.onnx")).graph.node)}
+    # dynamic batch becomes 1
+    assert report["outputs"] == {"probabilities": {"shape": [1, 10], "dtype": "float32"}}
+
+
+def test_run_with_input_file_writes_outputs_equal_to_onnxruntime(model_dir: Path, tmp_path: Path) -> None:
+    x = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    cli("run", str(model_dir / "mlp.onnx"), "--input", f"input={tmp_path / 'x.npy'}",
+        "--output", str(tmp_path / "out.npz"), "--repeat", "1", cache=tmp_path)
+    expected = ort.InferenceSession(str(model_dir / "mlp.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["logits"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_run_bad_input_file_is_a_clear_error_not_a_traceback(model_dir: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((2, 63), np.float32))
+    result = cli("run", str(model_dir / "mlp.onnx"), "--input", f"input={tmp_path / 'x.npy'}",
+                 cache=tmp_path, check=False)
+    assert result.returncode == 1
+    assert "'input': dimension 1 must be 64" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_missing_model_exits_1_naming_it(tmp_path: Path) -> None:
+    result = cli("run", str(tmp_path / "absent.onnx"), cache=tmp_path, check=False)
+    assert result.returncode == 1 and "absent.onnx" in result.stderr
+
+
+def test_probe_json_is_the_profile_and_its_match(tmp_path: Path) -> None:
+    report = json.loads(cli("probe", "--json", cache=tmp_path).stdout)
+    assert report["profile"]["cpu"]["usable_cores"] >= 1
+    assert report["match"]["backend_order"][-1] == "cpu" or "cpu" in report["match"]["backend_order"]
+    text = cli("probe", cache=tmp_path).stdout
+    assert report["match"]["name"] in text
+
+
+def test_demo_table_compares_every_backend_with_onnxruntime(tmp_path: Path) -> None:
+    result = cli("demo", "--repeat", "3", "--json", cache=tmp_path)
+    report = json.loads(result.stdout)
+    rows = {row["backend"]: row for row in report["rows"]}
+    assert "onnxruntime (baseline)" in rows and "cpu" in rows
+    assert rows["cpu"]["max_abs_diff_vs_onnxruntime"] < 1e-5
+    assert report["auto_backend"] in rows
+    assert (tmp_path / "models").is_dir(), "the demo model is built locally and cached"
+
+
+@pytest.mark.parametrize("argv", [["run"], ["bogus"], ["run", "m.onnx", "--input", "no-equals-sign"]])
+def test_usage_errors_exit_2(argv: list[str], tmp_path: Path) -> None:
+    assert cli(*argv, cache=tmp_path, check=False).returncode == 2
