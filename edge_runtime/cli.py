@@ -1,4 +1,4 @@
-"""``edge-runtime`` command line: probe, demo, run.
+"""``edge-runtime`` command line: probe, demo, run, serve.
 
 The spellings here are a contract other tools and checks rely on; see README.
 Each subcommand is a thin layer over the library and returns an exit code:
@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="option for the last --delegate (repeatable)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(handler=_cmd_run)
+
+    serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
+    serve.add_argument("--model-repository", type=Path, default=None, metavar="DIR",
+                       help="Triton-style repository: <model>/<version>/model.onnx (default: the demo model)")
+    serve.add_argument("--config", type=Path, default=None, metavar="FILE.toml", help="server configuration")
+    serve.set_defaults(handler=_cmd_serve)
     return parser
 
 
@@ -95,6 +103,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, chosen))
     return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from edge_runtime.server.daemon import main as serve_main
+
+    return serve_main(args)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

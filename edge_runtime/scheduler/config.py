@@ -1,0 +1,98 @@
+"""Per-model serving configuration, with the spellings operators rely on.
+
+```toml
+[scheduler]
+policy = "cost"            # "threshold" | "cost" | "fixed"
+gpu_busy_threshold = 0.7   # threshold policy
+plan = "cpu"               # fixed policy
+[batching]
+max_batch_size = 16        # 0 or 1 = off
+max_queue_delay_us = 2000
+[queue]
+max_queue_size = 64
+default_timeout_ms = 0     # 0 = none
+```
+Read from ``<repository>/<model>/config.toml`` or passed to ``rt.load(..., config=...)``.
+Other sections (``[cloud]``) belong to their own features and are kept as-is in ``extra``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from edge_runtime.config import from_mapping, load_toml
+from edge_runtime.errors import ConfigError
+
+POLICIES = ("threshold", "cost", "fixed")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "fixed"
+    gpu_busy_threshold: float = 0.7
+    plan: str = "auto"  # fixed policy: a plan name; "auto" = the model's default plan
+    explore_fraction: float = 0.05  # cost policy: share of requests that re-try another plan
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"[scheduler] policy must be one of {POLICIES}, got {self.policy!r}")
+        if not 0.0 <= self.gpu_busy_threshold <= 1.0:
+            raise ConfigError(f"[scheduler] gpu_busy_threshold must be in [0, 1], got {self.gpu_busy_threshold}")
+        if not 0.0 <= self.explore_fraction <= 1.0:
+            raise ConfigError(f"[scheduler] explore_fraction must be in [0, 1], got {self.explore_fraction}")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_size: int = 0  # 0 or 1 = off
+    max_queue_delay_us: int = 2000
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 0 or self.max_queue_delay_us < 0:
+            raise ConfigError("[batching] max_batch_size and max_queue_delay_us must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_batch_size > 1
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    max_queue_size: int = 64
+    default_timeout_ms: int = 0  # 0 = none
+
+    def __post_init__(self) -> None:
+        if self.max_queue_size < 1:
+            raise ConfigError(f"[queue] max_queue_size must be >= 1, got {self.max_queue_size}")
+        if self.default_timeout_ms < 0:
+            raise ConfigError(f"[queue] default_timeout_ms must be >= 0, got {self.default_timeout_ms}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # sections owned by other features
+
+
+_SECTIONS = {"scheduler": SchedulerConfig, "batching": BatchingConfig, "queue": QueueConfig}
+
+
+def model_config(data: Mapping[str, Any] | None = None, where: str = "model config") -> ModelConfig:
+    """Build a ModelConfig from a parsed TOML document; unknown keys in known sections are errors."""
+    data = dict(data or {})
+    sections = {}
+    for name, cls in _SECTIONS.items():
+        table = data.pop(name, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: [{name}] must be a table")
+        sections[name] = from_mapping(cls, table, f"{where}: [{name}]")
+    return ModelConfig(**sections, extra=data)
+
+
+def load_model_config(path: str | Path) -> ModelConfig:
+    return model_config(load_toml(path), where=str(path))

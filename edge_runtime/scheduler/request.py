@@ -1,0 +1,57 @@
+"""A queued request and the result handed back to the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_sequence = itertools.count()
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """Outputs plus where and how long: every result carries its plan and timings."""
+
+    outputs: dict[str, np.ndarray]
+    plan: str
+    backends: tuple[str, ...]
+    queue_ms: float
+    compute_ms: float
+    batch_size: int = 1
+    request_id: str | None = None
+    fallback: str | None = None  # why a plan's stage re-ran elsewhere, if it did
+
+    def timing(self) -> dict[str, Any]:
+        return {"plan": self.plan, "backends": list(self.backends), "queue_ms": round(self.queue_ms, 3),
+                "compute_ms": round(self.compute_ms, 3), "batch_size": self.batch_size,
+                "fallback": self.fallback}
+
+
+@dataclass(order=True)
+class QueuedRequest:
+    """Heap entry: higher ``priority`` first, then arrival order."""
+
+    sort_key: tuple[int, int] = field(init=False, repr=False)
+    priority: int = field(compare=False)
+    feeds: dict[str, np.ndarray] = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+    deadline: float | None = field(compare=False, default=None)  # time.monotonic() seconds
+    request_id: str | None = field(compare=False, default=None)
+    enqueued_at: float = field(compare=False, default_factory=time.monotonic)
+    plan_hint: str | None = field(compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.sort_key = (-self.priority, next(_sequence))
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.deadline is not None and (now or time.monotonic()) >= self.deadline
+
+    @property
+    def abandoned(self) -> bool:
+        """The caller stopped waiting (deadline passed, or the caller was cancelled)."""
+        return self.future.done()
