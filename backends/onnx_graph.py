@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     import onnx
 
 
+# Exporters write these for "unknown"; they name no dimension shared between tensors.
+_ANONYMOUS_DIMS = frozenset({"", "?", "-1", "None", "unk"})
+
+
 def load_onnx(source: ModelSource) -> "onnx.ModelProto":
     """Return the model as a ModelProto; a path is read and checked.
 
@@ -55,7 +59,7 @@ def value_info_spec(value_info: "onnx.ValueInfoProto") -> TensorSpec:
     for dim in tensor_type.shape.dim:
         if dim.HasField("dim_value"):
             dims.append(int(dim.dim_value))
-        elif dim.HasField("dim_param") and dim.dim_param:
+        elif dim.HasField("dim_param") and dim.dim_param not in _ANONYMOUS_DIMS:
             dims.append(dim.dim_param)
         else:
             dims.append(None)

@@ -33,8 +33,8 @@ def construct(name: str, cache_dir: Path | None) -> tuple[Backend | None, Availa
     module_name, class_name = target.split(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
-    except ImportError as exc:
-        return None, Availability.no(f"{module_name} cannot be imported: {exc}")
+    except (ImportError, AttributeError) as exc:
+        return None, Availability.no(f"{target} cannot be imported: {exc}")
     backend = cls(cache_dir=cache_dir)
     try:
         availability = backend.availability()
