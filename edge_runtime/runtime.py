@@ -168,5 +168,9 @@ def _catalogue_delegates(hints: dict[str, Any]) -> tuple[Any, ...]:
     delegate = hints.get("delegate") if isinstance(hints, dict) else None
     if not isinstance(delegate, dict) or not delegate.get("library"):
         return ()
+    if delegate.get("present") is False:
+        # The catalogue names a vendor library this device does not have: loading it could
+        # only fail; the probe already said so in the match reasons.
+        return ()
     options = delegate.get("options", {}) or {}
     return (DelegateSpec(str(delegate["library"]), tuple((str(k), str(v)) for k, v in options.items())),)
