@@ -81,3 +81,20 @@ def test_demo_table_compares_every_backend_with_onnxruntime(tmp_path: Path) -> N
 @pytest.mark.parametrize("argv", [["run"], ["bogus"], ["run", "m.onnx", "--input", "no-equals-sign"]])
 def test_usage_errors_exit_2(argv: list[str], tmp_path: Path) -> None:
     assert cli(*argv, cache=tmp_path, check=False).returncode == 2
+
+
+@pytest.mark.requires_litert
+def test_run_tflite_with_a_missing_delegate_runs_on_cpu_and_says_why(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_tflite_models import main as make_tflite
+
+    make_tflite([str(tmp_path / "tfl")])
+    model = tmp_path / "tfl" / "float_cnn.tflite"
+    missing = tmp_path / "libabsent_gpu_delegate.so"
+    report = json.loads(cli("run", str(model), "--backend", "tflite", "--delegate", str(missing),
+                            "--delegate-option", "precision=fp16", "--repeat", "2", "--json", cache=tmp_path).stdout)
+    delegate = report["load"]["executable"]["delegate"]
+    assert report["backend"] == "tflite"
+    assert delegate["loaded"] is False and str(missing) in delegate["error"]
+    assert delegate["options"]["precision"] == "fp16"
+    assert report["outputs"]["probs"]["shape"] == [1, 10]
