@@ -89,6 +89,9 @@ class CompileOptions:
     precision: str = "fp32"
     delegates: tuple[DelegateSpec, ...] = ()
     cache_key_extra: str = ""  # device/build fingerprint folded into cache keys
+    # CPU thread pools busy-wait between ops by default; off when a scheduler shares the
+    # cores with an event loop (spinning threads starve it on 2-4 cores).
+    allow_spinning: bool = True
 
 
 @runtime_checkable

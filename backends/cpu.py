@@ -56,6 +56,8 @@ class CPUBackend:
         sess_options = ort.SessionOptions()
         sess_options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         sess_options.inter_op_num_threads = 1
+        if not options.allow_spinning:
+            sess_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if options.intra_op_threads:
             sess_options.intra_op_num_threads = options.intra_op_threads
         source: bytes | str = model_bytes

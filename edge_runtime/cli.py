@@ -18,6 +18,8 @@ from edge_runtime.errors import EdgeRuntimeError
 
 log = logging.getLogger("edge_runtime")
 
+PLAN_CHOICES = ("cpu", "gpu", "hybrid", "auto")
+
 
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
@@ -52,8 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TFLite external delegate library to load (repeatable)")
     run.add_argument("--delegate-option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                      help="option for the last --delegate (repeatable)")
+    run.add_argument("--plan", choices=PLAN_CHOICES, default=None,
+                     help="partition across backends: cpu, gpu (accelerator + cpu fallback), hybrid, auto")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(handler=_cmd_run)
+
+    plan = sub.add_parser("plan", help="show how a model's plans split it into stages across backends")
+    plan.add_argument("model", type=Path, help="ONNX model file")
+    plan.add_argument("--plan", choices=PLAN_CHOICES, action="append", default=None,
+                      help="only this plan (repeatable; default: every plan this device has)")
+    plan.add_argument("--shape", action="append", default=[], type=_key_value, metavar="NAME=D1,D2,...",
+                      help="bind input NAME's dynamic dims for the cost estimates (repeatable)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.set_defaults(handler=_cmd_plan)
+
+    split = sub.add_parser("split", help="cut an ONNX model: head on this device, tail in the cloud")
+    from edge_runtime.cloud.command import add_split_arguments  # argparse only: cheap to import
+
+    add_split_arguments(split)
+    split.set_defaults(handler=_cmd_split)
 
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
@@ -61,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-repository", type=Path, default=None, metavar="DIR",
                        help="Triton-style repository: <model>/<version>/model.onnx (default: the demo model)")
     serve.add_argument("--config", type=Path, default=None, metavar="FILE.toml", help="server configuration")
+    serve.add_argument("--log-level", default=argparse.SUPPRESS, help="DEBUG, INFO, WARNING (default), ERROR")
     serve.set_defaults(handler=_cmd_serve)
     return parser
 
@@ -130,10 +150,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options = dataclasses.replace(options, delegates=tuple(specs) + options.delegates)
     elif args.delegate_option:
         raise SystemExit("edge-runtime run: --delegate-option needs a --delegate")
-    model = runtime.load(args.model, backend=args.backend, options=options)
-    feeds = random_feeds(model.inputs)
-    for name, file in args.input:
-        feeds[name] = np.load(file)
+    if args.plan is not None and args.backend != "auto":
+        print("edge-runtime run: give --backend NAME or --plan NAME, not both", file=sys.stderr)
+        return 2
+    given = {name: np.load(file) for name, file in args.input}
+    model = runtime.load(args.model, backend=args.backend, options=options, plan=args.plan,
+                         input_shapes={name: array.shape for name, array in given.items()})
+    feeds = {**random_feeds(model.inputs), **given}
     outputs = model.run(feeds)
     samples = measure_ms(lambda: model.run(feeds), args.repeat, warmup=0)
     if args.output:
@@ -142,6 +165,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "model": str(args.model),
         "backend": model.backend,
         "backend_nodes": model.backend_nodes,
+        "plan": _plan_summary(model),
         "latency_ms": summarise_ms(samples),
         "inputs": {name: {"shape": list(a.shape), "dtype": a.dtype.name} for name, a in feeds.items()},
         "outputs": {name: {"shape": list(a.shape), "dtype": a.dtype.name} for name, a in outputs.items()},
@@ -157,3 +181,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
     model.close()
     runtime.close()
     return 0
+
+
+def _plan_summary(model: Any) -> dict[str, Any]:
+    """``{"name", "stages"}`` of a loaded model; a single-backend load is a one-stage plan."""
+    described = model.describe()["executable"]
+    if "stages" in described:
+        return {"name": described["plan"], "est_ms": described.get("est_ms"), "stages": described["stages"]}
+    stage = {"stage": 0, "backend": model.backend, "node_count": model.report.node_count,
+             "inputs": [s.name for s in model.inputs], "outputs": [s.name for s in model.outputs]}
+    return {"name": model.backend, "stages": [stage]}
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from edge_runtime.planning.report import format_plans
+    from edge_runtime.runtime import Runtime
+
+    shapes = {}
+    for name, text in args.shape:
+        try:
+            shapes[name] = tuple(int(d) for d in text.replace("x", ",").split(","))
+        except ValueError:
+            print(f"edge-runtime plan: --shape {name}={text}: expected integers like 1,3,224,224", file=sys.stderr)
+            return 2
+    runtime = Runtime()
+    planner = runtime.planner(args.model, shapes)
+    names = args.plan or list(planner.available())
+    plans = [planner.describe(planner.layout(name)) for name in names]
+    report = {"model": str(args.model), "node_count": planner.prepared.original_node_count,
+              "backends": {name: planner.table.speeds[name].to_dict() for name in planner.backends},
+              "plans": plans}
+    if args.json:
+        _print_json(report)
+    else:
+        print(format_plans(report))
+    runtime.close()
+    return 0
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    from edge_runtime.cloud.command import run_split
+
+    return run_split(args)

@@ -7,7 +7,7 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from backends.base import Availability, Backend, CompileOptions, backend_nodes_of
 from edge_runtime import backend_table
@@ -22,9 +22,16 @@ from edge_runtime.errors import (
 )
 from edge_runtime.model import LoadReport, Model
 
+if TYPE_CHECKING:
+    from edge_runtime.planning.cost import BackendSpeed
+    from edge_runtime.planning.executor import PlanExecutor
+    from edge_runtime.planning.plans import Planner
+
 log = logging.getLogger(__name__)
 
 TFLITE_SUFFIXES = (".tflite", ".lite")
+# Backends that are not accelerators for ONNX plans: the host itself, and TFLite (its own format).
+_NOT_ACCELERATORS = frozenset({"cpu", "tflite", "null"})
 
 
 class Runtime:
@@ -91,28 +98,105 @@ class Runtime:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def load(self, path: str | os.PathLike, name: str | None = None, backend: str = "auto",
-             options: CompileOptions | None = None) -> Model:
+             options: CompileOptions | None = None, plan: str | None = None,
+             input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
         """Load and compile a model file (``.onnx``, ``.tflite``).
 
+        ``backend`` NAME runs the whole model there. ``plan`` (``cpu``, ``gpu``,
+        ``hybrid``, ``auto``) partitions an ONNX model across backends (see
+        ``edge_runtime.planning``); ``backend="auto"`` without a plan means plan
+        ``auto`` where an accelerator is usable, else the first backend in the
+        profile's order. ``input_shapes`` binds dynamic dims for cost estimates.
+
         Raises ModelNotFoundError (missing file), ModelLoadError (corrupt file),
-        BackendUnavailableError / UnsupportedNodesError (the named backend
-        cannot take the whole model; the error lists the nodes).
+        BackendUnavailableError / UnsupportedNodesError (the named backend or
+        plan cannot take the whole model; the error lists the nodes),
+        InvalidInputError (both a backend and a plan named).
         """
         path = Path(path)
         if not path.is_file():
             raise ModelNotFoundError(f"model file not found: {path}")
+        if plan is not None and backend != "auto":
+            raise InvalidInputError(f"name a backend ({backend!r}) or a plan ({plan!r}), not both")
         options = options or self.compile_options()
         name = name or path.stem
         if path.suffix.lower() in TFLITE_SUFFIXES:
-            if backend not in ("auto", "tflite"):
-                raise InvalidInputError(f"{path}: a .tflite model runs on the 'tflite' backend, not {backend!r}")
+            if backend not in ("auto", "tflite") or plan is not None:
+                raise InvalidInputError(f"{path}: a .tflite model runs on the 'tflite' backend, not "
+                                        f"{backend if plan is None else 'plan ' + plan!r}")
             return self._compile(name, path, path, "tflite", options, "TFLite model", ())
         from backends.onnx_graph import load_onnx
 
         proto = load_onnx(path)
         if backend != "auto":
             return self._compile(name, path, proto, backend, options, "requested", ())
+        if plan is not None:
+            return self._load_plan(name, path, proto, plan, options, input_shapes)
+        if self.accelerator() is not None:
+            try:
+                return self._load_plan(name, path, proto, "auto", options, input_shapes)
+            except (BackendError, BackendUnavailableError, ModelLoadError) as exc:
+                # NOTE: a model that loaded whole before must not stop loading because a split failed.
+                log.warning("plan 'auto' for %s failed (%s); placing the whole model instead", path, exc)
         return self._load_auto(name, path, proto, options)
+
+    # -- plans across backends (edge_runtime.planning) -------------------------------
+    def accelerator(self) -> str | None:
+        """The first usable backend in the profile's order that can take ONNX nodes besides ``cpu``."""
+        for candidate in self.backend_order():
+            if candidate in _NOT_ACCELERATORS:
+                continue
+            try:
+                usable = self.availability(candidate).ok
+            except Exception as exc:  # NOTE: a half-installed backend package must not break every load
+                log.warning("backend %s cannot be constructed (%s: %s); planning without it",
+                            candidate, type(exc).__name__, exc)
+                self._backends[candidate] = (None, Availability.no(f"construction failed: {exc}"))
+                usable = False
+            if usable:
+                return candidate
+        return None
+
+    def backend_speed(self, name: str) -> "BackendSpeed":
+        """Calibrated speed of backend ``name``, measured once per device (``cache_dir/calibration.json``)."""
+        from edge_runtime.planning.calibration import cached_speed
+
+        device = f"{self.device_key()}|{self.availability(name).device}"
+        key = hashlib.sha256(device.encode()).hexdigest()[:16]
+        return cached_speed(self.backend(name), key, self.config.cache_dir, self.compile_options(),
+                            on_host=name == "cpu")
+
+    def planner(self, source: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                with_accelerator: bool = True) -> "Planner":
+        """A Planner for ``source`` (path or ModelProto) over ``cpu`` and the accelerator, if any."""
+        from backends.onnx_graph import load_onnx
+        from edge_runtime.planning.plans import Planner
+
+        accelerator = self.accelerator() if with_accelerator else None
+        names = ["cpu", *([accelerator] if accelerator else [])]
+        return Planner(load_onnx(source), {n: self.backend(n) for n in names},
+                       {n: self.backend_speed(n) for n in names}, host="cpu", accelerator=accelerator,
+                       input_shapes=input_shapes)
+
+    def plans(self, path: str | os.PathLike, names: Sequence[str] | None = None,
+              options: CompileOptions | None = None,
+              input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, "PlanExecutor"]:
+        """Compiled plans of one model by name (default: every plan this device has), for the scheduler."""
+        planner = self.planner(Path(path), input_shapes)
+        options = options or self.compile_options()
+        return {n: planner.compile(planner.layout(n), options) for n in (names or planner.available())}
+
+    def _load_plan(self, name: str, path: Path, proto: Any, plan: str, options: CompileOptions,
+                   input_shapes: Mapping[str, Sequence[int]] | None) -> Model:
+        planner = self.planner(proto, input_shapes, with_accelerator=plan != "cpu")
+        layout = planner.layout(plan)
+        executor = planner.compile(layout, options)
+        label = "+".join(executor.backends)
+        reason = (f"plan {plan!r}: {len(executor.stages)} stage(s), estimated "
+                  f"{layout.partition.latency_s * 1e3:.3f} ms (profile {self.match.name!r})")
+        report = LoadReport(label, reason, planner.prepared.original_node_count, executor.backend_nodes, ())
+        log.info("loaded %s with %s", path, reason)
+        return Model(name, path, executor, report, self._executor)
 
     def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
         from backends.onnx_graph import tensor_specs

@@ -5,9 +5,13 @@
 policy = "cost"            # "threshold" | "cost" | "fixed"
 gpu_busy_threshold = 0.7   # threshold policy
 plan = "cpu"               # fixed policy
+explore_fraction = 0.05    # cost policy: share of decisions that re-try another plan
+seed = 0                   # cost policy: exploration RNG seed (decisions are reproducible)
 [batching]
-max_batch_size = 16        # 0 or 1 = off
-max_queue_delay_us = 2000
+max_batch_size = 16        # rows per run; 0 or 1 = off
+max_queue_delay_us = 2000  # how long the first request of a batch may wait for company
+preferred_batch_sizes = [4, 8]
+latency_target_ms = 0      # > 0: AIMD shrinks/grows the batch limit to keep runs under it
 [queue]
 max_queue_size = 64
 default_timeout_ms = 0     # 0 = none
@@ -34,6 +38,7 @@ class SchedulerConfig:
     gpu_busy_threshold: float = 0.7
     plan: str = "auto"  # fixed policy: a plan name; "auto" = the model's default plan
     explore_fraction: float = 0.05  # cost policy: share of requests that re-try another plan
+    seed: int = 0  # cost policy: exploration RNG seed, so decisions are reproducible
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -49,10 +54,18 @@ class BatchingConfig:
     max_batch_size: int = 0  # 0 or 1 = off
     max_queue_delay_us: int = 2000
     preferred_batch_sizes: tuple[int, ...] = ()
+    latency_target_ms: float = 0.0  # 0 = no adaptive sizing; see batching.BatchSizer
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0 or self.max_queue_delay_us < 0:
             raise ConfigError("[batching] max_batch_size and max_queue_delay_us must be >= 0")
+        bad = [size for size in self.preferred_batch_sizes
+               if not isinstance(size, int) or size < 1 or size > max(self.max_batch_size, 1)]
+        if bad:
+            raise ConfigError(f"[batching] preferred_batch_sizes must be in 1..max_batch_size "
+                              f"({self.max_batch_size}), got {list(self.preferred_batch_sizes)}")
+        if self.latency_target_ms < 0:
+            raise ConfigError(f"[batching] latency_target_ms must be >= 0, got {self.latency_target_ms}")
 
     @property
     def enabled(self) -> bool:

@@ -3,6 +3,16 @@
 A plan takes validated feeds and returns outputs. ``backends`` says where it
 runs (for results and metrics). The partitioner adds multi-stage plans; a
 loaded ``Model`` gives the single-backend plan it was compiled for.
+
+Plan names the policies know: ``"cpu"``, ``"gpu"``, ``"hybrid"`` (a partitioned
+plan with GPU and CPU stages). Any other name (a single-backend model offers
+its backend's name, e.g. ``"opencl"``) is classified by its backends.
+
+Optional plan attributes the scheduler reads (``getattr`` with a default):
+
+* ``device``: which device worker runs it (``"cpu"``, ``"gpu"``, ``"cloud"``);
+  default derived from ``backends`` by :func:`plan_device`.
+* ``estimated_ms``: the cost model's latency estimate, the cost policy's prior.
 """
 
 from __future__ import annotations
@@ -11,6 +21,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 import numpy as np
+
+# Backends whose work lands on a GPU; the rest of the backends run on the CPU cores.
+GPU_BACKENDS = frozenset({"opencl", "vulkan", "gpu"})
+CLOUD_BACKENDS = frozenset({"cloud"})
+PLAN_KINDS = ("cpu", "gpu", "hybrid")
 
 
 class Plan(Protocol):
@@ -23,11 +38,48 @@ class Plan(Protocol):
 
 @dataclass(frozen=True)
 class CallablePlan:
-    """A plan backed by any ``feeds -> outputs`` callable (an executable's ``run``)."""
+    """A plan backed by any ``feeds -> outputs`` callable (an executable's ``run``).
+
+    ``device`` empty means "derive it from ``backends``"; ``estimated_ms``
+    None means no prior latency estimate.
+    """
 
     name: str
     backends: tuple[str, ...]
     call: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    device: str = ""
+    estimated_ms: float | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.call(feeds)
+
+
+def plan_device(plan: Plan) -> str:
+    """The device worker a plan runs on: its ``device``, else ``gpu`` when any
+    backend is a GPU backend (a hybrid plan's thread drives the GPU), ``cloud``
+    for pure cloud plans, else ``cpu``."""
+    device = getattr(plan, "device", "")
+    if device:
+        return str(device)
+    backends = set(plan.backends)
+    if backends & GPU_BACKENDS:
+        return "gpu"
+    if backends and backends <= CLOUD_BACKENDS:
+        return "cloud"
+    return "cpu"
+
+
+def plan_kind(name: str, plan: Plan) -> str:
+    """``cpu``, ``gpu`` or ``hybrid`` as the policies see it.
+
+    The names ``cpu``/``gpu``/``hybrid`` are taken at their word; another name is
+    ``gpu`` when every backend is a GPU one, ``hybrid`` when GPU and other
+    backends mix, else ``cpu``.
+    """
+    if name in PLAN_KINDS:
+        return name
+    backends = set(plan.backends)
+    if backends & GPU_BACKENDS:
+        return "hybrid" if backends - GPU_BACKENDS else "gpu"
+    # A stand-in placed on the GPU worker (tests, a delegate-backed plan) counts as a GPU plan.
+    return "gpu" if getattr(plan, "device", "") == "gpu" else "cpu"

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Hashable
 
 import numpy as np
 
@@ -44,12 +44,19 @@ class QueuedRequest:
     request_id: str | None = field(compare=False, default=None)
     enqueued_at: float = field(compare=False, default_factory=time.monotonic)
     plan_hint: str | None = field(compare=False, default=None)
+    rows: int | None = field(compare=False, default=None)  # dim 0 shared by all inputs; None = runs alone
+    batch_key: Hashable = field(compare=False, default=None)  # equal keys may share a batch
 
     def __post_init__(self) -> None:
         self.sort_key = (-self.priority, next(_sequence))
 
     def expired(self, now: float | None = None) -> bool:
         return self.deadline is not None and (now or time.monotonic()) >= self.deadline
+
+    @property
+    def dead(self) -> bool:
+        """Nobody will take this entry's result: abandoned, or past its deadline."""
+        return self.abandoned or self.expired()
 
     @property
     def abandoned(self) -> bool:

@@ -1,0 +1,119 @@
+"""Device workers: one bounded pool of run slots per device, shared by every model on it.
+
+Plans whose backends share a device share that device's worker, so two
+models never oversubscribe the CPU cores or interleave on one GPU queue,
+while the cpu worker and the gpu worker run at the same time.
+
+How CPU cores are split (``cpu_split``): one run at a time with every core as
+an intra-op thread up to 4 cores; beyond that, one concurrent run per 4 cores,
+each with ``cores // runs`` threads (8 cores: 2 runs x 4 threads). Small edge
+models stop scaling past about 4 intra-op threads (and big.LITTLE parts have
+4 fast cores), so extra cores serve more requests at once instead. The gpu
+worker runs one plan at a time (an in-order device queue gains nothing from
+more); a cloud worker allows 4 requests in flight (network-bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+CORES_PER_RUN = 4
+_SLOTS = {"gpu": 1, "cloud": 4}
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    concurrent_runs: int
+    intra_op_threads: int
+
+
+def cpu_split(cores: int) -> CpuSplit:
+    """How ``cores`` usable cores are shared between concurrent runs (see the module docstring)."""
+    cores = max(1, int(cores))
+    runs = max(1, cores // CORES_PER_RUN)
+    return CpuSplit(runs, max(1, cores // runs))
+
+
+class DeviceWorker:
+    """Run slots of one device. Slots are taken and given back on the event loop;
+    ``submit`` runs the work in this device's threads.
+
+    A scheduler that finds no free slot registers a callback with
+    ``when_free``; every release calls the registered callbacks (in
+    registration order) on their loops, and they try again.
+    """
+
+    def __init__(self, device: str, slots: int, executor: Executor | None = None) -> None:
+        self.device = device
+        self.slots = max(1, slots)
+        self.in_use = 0
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = deque()
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(self.slots, thread_name_prefix=f"edge-runtime-{device}")
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def wait_runs(self) -> float:
+        """Roughly how many run-lengths a new run would wait for a slot (0 when one is free)."""
+        if self.in_use < self.slots:
+            return 0.0
+        return (self.waiting + 1) / self.slots
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free."""
+        if self.in_use < self.slots:
+            self.in_use += 1
+            return True
+        return False
+
+    def when_free(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (soon, on the current loop) after the next release."""
+        self._waiters.append((asyncio.get_running_loop(), callback))
+
+    def release(self) -> None:
+        """Give a slot back and wake every waiter to try again."""
+        self.in_use = max(0, self.in_use - 1)
+        waiters, self._waiters = self._waiters, deque()
+        for loop, callback in waiters:
+            if not loop.is_closed():
+                loop.call_soon(callback)
+
+    def submit(self, call: Callable[..., Any], *args: Any) -> Future:
+        """``call(*args)`` in this device's threads; the event loop never blocks."""
+        return self._executor.submit(call, *args)
+
+    def close(self) -> None:
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class DeviceWorkers:
+    """The workers of one process (or one runtime), created on first use per device.
+
+    ``cpu_cores`` sets the cpu worker's slots through ``cpu_split``; with a
+    shared ``executor`` every device submits there (slots still bound each
+    device), else each device gets its own threads.
+    """
+
+    def __init__(self, executor: Executor | None = None, cpu_cores: int | None = None) -> None:
+        self._executor = executor
+        self.cpu = cpu_split(cpu_cores or os.cpu_count() or 1)
+        self._workers: dict[str, DeviceWorker] = {}
+
+    def worker(self, device: str) -> DeviceWorker:
+        if device not in self._workers:
+            slots = self.cpu.concurrent_runs if device == "cpu" else _SLOTS.get(device, 1)
+            self._workers[device] = DeviceWorker(device, slots, self._executor)
+        return self._workers[device]
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()

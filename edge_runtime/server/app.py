@@ -1,0 +1,54 @@
+"""``create_app``: the aiohttp application factory of the inference server."""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from edge_runtime.server.config import ServerConfig
+from edge_runtime.server.metrics import ServerCollector, make_registry
+from edge_runtime.server.middleware import auth_middleware, error_middleware
+from edge_runtime.server.repository import ModelRepository
+from edge_runtime.server.routes import add_routes
+from edge_runtime.server.state import STATE, ServerState
+from edge_runtime.server.stats import InferenceStats
+from edge_runtime.server.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: ServerConfig, repository: ModelRepository) -> web.Application:
+    """The app serving ``repository``; models load on startup and drain on cleanup.
+
+    The caller owns the repository's ``Runtime`` and closes it after the app.
+    """
+    stats = InferenceStats()
+    tasks = TaskStore(config.task_ttl_s, config.max_tasks, config.max_task_bytes, config.overload_status)
+    registry = make_registry(ServerCollector(stats, repository, tasks.counts))
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[error_middleware(config.overload_status, config.retry_after_s),
+                                       auth_middleware(config.token)])
+    app[STATE] = ServerState(config, repository, stats, tasks, registry)
+    add_routes(app)
+    app.cleanup_ctx.append(_serve_models)
+    app.on_shutdown.append(_stop_ready)
+    return app
+
+
+async def _serve_models(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    await state.repository.load_all()
+    state.ready = True
+    log.info("ready: %d model version(s) served", len(state.repository.served()))
+    yield
+    # Runs after aiohttp finished (or timed out) the in-flight handlers.
+    state.ready = False
+    await state.tasks.drain(state.config.drain_timeout_s)
+    await state.repository.close()
+
+
+async def _stop_ready(app: web.Application) -> None:
+    # on_shutdown runs before in-flight requests are awaited: readiness goes false at once.
+    app[STATE].ready = False

@@ -1,0 +1,135 @@
+"""Server settings: the ``[server]`` and ``[runtime]`` tables of ``--config FILE.toml``.
+
+```toml
+[server]
+host = "127.0.0.1"          # any other address needs a token
+port = 8080
+token_env = "EDGE_RUNTIME_TOKEN"   # or token = "..." (the file then holds a secret)
+model_repository = "/data/models"  # default: serve the demo model
+max_body_bytes = 67108864   # larger bodies get 413
+overload_status = 429       # or 503; always with Retry-After
+retry_after_s = 1
+drain_timeout_s = 10.0      # SIGTERM: finish in-flight work for at most this long
+task_ttl_s = 600.0          # async task results kept this long after they finish
+max_tasks = 256             # async tasks kept at once (oldest finished evicted first)
+max_task_bytes = 67108864   # bytes of kept async results (oldest finished evicted first)
+default_priority_level = 5  # Triton: requests without a priority get this level
+[runtime]
+intra_op_threads = 0
+```
+Precedence: command line > ``EDGE_RUNTIME_<KEY>`` environment (``EDGE_RUNTIME_PORT``,
+``EDGE_RUNTIME_HOST``, ...) > file > defaults. The token comes from ``token``, else
+from the environment variable named by ``token_env``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from edge_runtime.config import RuntimeConfig, from_mapping, load_toml, runtime_config
+from edge_runtime.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = field(default=None, repr=False)  # a secret: never in logs or reprs
+    token_env: str = "EDGE_RUNTIME_TOKEN"
+    model_repository: Path | None = None
+    max_body_bytes: int = 64 * MIB
+    overload_status: int = 429
+    retry_after_s: int = 1
+    drain_timeout_s: float = 10.0
+    task_ttl_s: float = 600.0
+    max_tasks: int = 256
+    max_task_bytes: int = 64 * MIB
+    default_priority_level: int = 5
+
+    def __post_init__(self) -> None:
+        if self.overload_status not in (429, 503):
+            raise ConfigError(f"[server] overload_status must be 429 or 503, got {self.overload_status}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"[server] port must be in 0..65535, got {self.port}")
+        for key in ("max_body_bytes", "max_tasks", "max_task_bytes", "default_priority_level"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"[server] {key} must be >= 1, got {getattr(self, key)}")
+        for key in ("retry_after_s", "drain_timeout_s", "task_ttl_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"[server] {key} must be >= 0, got {getattr(self, key)}")
+        if self.token is not None and not self.token.strip():
+            raise ConfigError("[server] token must not be empty")
+
+    @property
+    def is_loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerConfig
+    runtime: RuntimeConfig
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name could resolve anywhere: treat it as public
+
+
+_NOT_FROM_ENV = ("token", "token_env")  # the token is read through token_env, never EDGE_RUNTIME_TOKEN_ENV
+
+
+def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] | None = None,
+                  env: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings once at start; raises ConfigError naming the key.
+
+    ``overrides`` are command-line values (None = not given). Refuses a
+    non-loopback ``host`` without a token.
+    """
+    env = os.environ if env is None else env
+    document = load_toml(config_path) if config_path else {}
+    where = str(config_path or "settings")
+    unknown = sorted(set(document) - {"server", "runtime"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown table(s) {unknown}; known: ['runtime', 'server']")
+    values = dict(document.get("server", {}))
+    values.update(_env_values(env))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    server = from_mapping(ServerConfig, values, f"{where}: [server]")
+    if server.token is None and env.get(server.token_env):
+        server = dataclasses.replace(server, token=env[server.token_env])
+    if server.model_repository is not None and not server.model_repository.is_dir():
+        raise ConfigError(f"model repository {server.model_repository} is not a directory")
+    if not server.is_loopback and server.token is None:
+        raise ConfigError(
+            f"refusing to listen on {server.host!r} without a token: set [server] token, or the "
+            f"{server.token_env} environment variable (clients then send 'Authorization: Bearer <token>')")
+    return Settings(server, runtime_config(document.get("runtime", {}), env=env, where=where))
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for spec in dataclasses.fields(ServerConfig):
+        if spec.name in _NOT_FROM_ENV:
+            continue
+        var = f"EDGE_RUNTIME_{spec.name.upper()}"
+        if not env.get(var):
+            continue
+        parse = {"int": int, "float": float}.get(str(spec.type), str)
+        try:
+            values[spec.name] = parse(env[var])
+        except ValueError as exc:
+            raise ConfigError(f"environment {var}={env[var]!r}: {exc}") from exc
+    return values

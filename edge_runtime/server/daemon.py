@@ -1,0 +1,78 @@
+"""``edge-runtime serve``: run the server until SIGTERM/SIGINT, then drain and exit 0.
+
+On a signal the listening socket closes at once (no new connections),
+readiness turns false, in-flight requests get ``drain_timeout_s`` to finish,
+then pending async tasks get the same, then model queues drain and models
+close. Logs go to stderr (the CLI configures levels with ``--log-level``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from edge_runtime.server.config import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``edge-runtime serve``; returns the exit code (ConfigError propagates to the CLI)."""
+    if getattr(args, "log_level", None):
+        logging.getLogger().setLevel(str(args.log_level).upper())
+    overrides = {"host": args.host, "port": args.port, "model_repository": args.model_repository}
+    settings = load_settings(args.config, overrides)
+    try:
+        return asyncio.run(serve(settings))
+    except OSError as exc:  # port taken, address not available
+        log.error("cannot listen on %s:%d: %s", settings.server.host, settings.server.port, exc)
+        return 1
+
+
+async def serve(settings: Settings) -> int:
+    """Serve until SIGTERM or SIGINT arrives, then drain; returns 0."""
+    from aiohttp import web
+
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.repository import ModelRepository, demo_repository
+
+    config = settings.server
+    runtime = Runtime(settings.runtime)
+    try:
+        root = config.model_repository or demo_repository(settings.runtime.cache_dir)
+        if config.model_repository is None:
+            log.info("no --model-repository: serving the demo model as 'demo'")
+        repository = ModelRepository(root, runtime, drain_timeout_s=config.drain_timeout_s)
+        app = create_app(config, repository)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
+                               access_log=logging.getLogger("edge_runtime.server.access"))
+        await runner.setup()  # loads the models (cleanup_ctx) before the socket opens
+        try:
+            site = web.TCPSite(runner, config.host, config.port)
+            await site.start()
+            port = runner.addresses[0][1] if runner.addresses else config.port
+            log.warning("edge-runtime serving %s on http://%s:%d%s", root, config.host, port,
+                        " (token required)" if config.token else "")
+            await _wait_for_signal()
+            log.warning("signal received: draining for up to %.1f s", config.drain_timeout_s)
+        finally:
+            await runner.cleanup()
+    finally:
+        runtime.close()
+    log.warning("stopped")
+    return 0
+
+
+async def _wait_for_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

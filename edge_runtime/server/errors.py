@@ -1,0 +1,116 @@
+"""The one table from the error family to HTTP: status, failure reason, extra headers.
+
+Only the server knows HTTP. Core errors carry no status; this module maps
+them, most specific class first. A few errors exist only on the wire (a
+missing token, an unknown task); they join the family here.
+
+| error                          | status | metrics reason |
+|--------------------------------|--------|----------------|
+| QueueFullError                 | 429 (``overload_status``: 429 or 503), always ``Retry-After`` | REJECTED |
+| DeadlineExceededError          | 504    | TIMEOUT        |
+| InvalidInputError, ConfigError | 400    | INVALID        |
+| UnsupportedNodesError, ModelLoadError | 400 (a load request that cannot succeed) | OTHER |
+| ModelNotFoundError, TaskNotFoundError | 404 | OTHER      |
+| RequestTooLargeError           | 413    | INVALID        |
+| UnauthorizedError              | 401, ``WWW-Authenticate: Bearer`` | OTHER |
+| TaskStateError                 | 409    | OTHER          |
+| CloudError                     | 502    | BACKEND        |
+| BackendError, BackendUnavailableError | 503 | BACKEND     |
+| any other EdgeRuntimeError (shutting down) | 503 | OTHER  |
+| anything else (a bug)          | 500, message hidden, logged | OTHER |
+
+A request cancelled before it ran (an async task deleted) counts as CANCELED.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from edge_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CloudError,
+    ConfigError,
+    DeadlineExceededError,
+    EdgeRuntimeError,
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotFoundError,
+    QueueFullError,
+    UnsupportedNodesError,
+)
+
+
+class UnauthorizedError(EdgeRuntimeError):
+    """The request lacks the bearer token the server was started with."""
+
+
+class TaskNotFoundError(ModelNotFoundError):
+    """No async task with that id (never existed, cancelled and removed, or expired)."""
+
+
+class TaskStateError(EdgeRuntimeError):
+    """The async task has no result to give: still pending, or cancelled."""
+
+
+class RequestTooLargeError(InvalidInputError):
+    """The request body is larger than ``max_body_bytes``."""
+
+
+@dataclass(frozen=True)
+class ErrorMapping:
+    status: int
+    reason: str  # the ``reason`` label of nv_inference_request_failure
+
+
+OVERLOAD = -1  # placeholder status: the server's configured overload status
+
+STATUS_TABLE: tuple[tuple[type[BaseException], ErrorMapping], ...] = (
+    (QueueFullError, ErrorMapping(OVERLOAD, "REJECTED")),
+    (DeadlineExceededError, ErrorMapping(504, "TIMEOUT")),
+    (RequestTooLargeError, ErrorMapping(413, "INVALID")),
+    (UnsupportedNodesError, ErrorMapping(400, "OTHER")),
+    (InvalidInputError, ErrorMapping(400, "INVALID")),
+    (ConfigError, ErrorMapping(400, "INVALID")),
+    (ModelLoadError, ErrorMapping(400, "OTHER")),
+    (ModelNotFoundError, ErrorMapping(404, "OTHER")),
+    (UnauthorizedError, ErrorMapping(401, "OTHER")),
+    (TaskStateError, ErrorMapping(409, "OTHER")),
+    (CloudError, ErrorMapping(502, "BACKEND")),
+    (BackendError, ErrorMapping(503, "BACKEND")),
+    (BackendUnavailableError, ErrorMapping(503, "BACKEND")),
+    (EdgeRuntimeError, ErrorMapping(503, "OTHER")),
+)
+INTERNAL = ErrorMapping(500, "OTHER")
+
+
+def mapping_of(exc: BaseException, overload_status: int = 429) -> ErrorMapping:
+    """Status and reason for ``exc``: the first table row it is an instance of."""
+    for cls, mapping in STATUS_TABLE:
+        if isinstance(exc, cls):
+            if mapping.status == OVERLOAD:
+                return ErrorMapping(overload_status, mapping.reason)
+            return mapping
+    return INTERNAL
+
+
+def error_headers(exc: BaseException, retry_after_s: int) -> dict[str, str]:
+    """Headers an error response must carry: Retry-After on overload, the auth challenge on 401."""
+    if isinstance(exc, QueueFullError):
+        return {"Retry-After": str(retry_after_s)}
+    if isinstance(exc, UnauthorizedError):
+        return {"WWW-Authenticate": 'Bearer realm="edge-runtime"'}
+    return {}
+
+
+def error_body(message: str) -> bytes:
+    """``{"error": "<message>"}``, the body of every error response."""
+    return json.dumps({"error": message}).encode()
+
+
+def public_message(exc: BaseException) -> str:
+    """What the client may read: the message of a family error, nothing of a bug's internals."""
+    if mapping_of(exc) is INTERNAL:
+        return "internal server error (see the server log)"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,117 @@
+"""One inference from request bytes to response bytes, through the model's scheduler.
+
+``prepare`` does everything that can fail on the client's side at once
+(model lookup, decoding, datatype and parameter checks) so a bad request is
+answered before anything is queued, async or not. ``execute`` queues the
+request on the model's ``ModelScheduler`` and encodes the result. Both record
+the outcome in the server's statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_runtime.errors import InvalidInputError
+from edge_runtime.scheduler import InferenceResult
+from edge_runtime.server.codec import (
+    EncodedResponse,
+    InferRequest,
+    check_outputs,
+    decode_request,
+    encode_response,
+    feeds_for,
+    schedule_parameters,
+)
+from edge_runtime.server.errors import mapping_of
+from edge_runtime.server.repository import LoadedVersion, check_model_name, parse_version
+from edge_runtime.server.state import ServerState
+
+
+@dataclass(frozen=True)
+class PreparedInference:
+    target: LoadedVersion
+    request: InferRequest
+    feeds: dict[str, np.ndarray]
+    rows: int  # inferences this request holds (rows of a dynamic batch dimension, else 1)
+    priority: int
+    timeout_ms: float | None
+    started_ns: int
+
+    @property
+    def wants_async(self) -> bool:
+        return self.request.parameters.get("async") is True
+
+
+def prepare(state: ServerState, name: str, version: str | None, body: bytes,
+            header_length: int | None) -> PreparedInference:
+    """Resolve the model and decode the request; raises the family's client errors."""
+    started_ns = time.perf_counter_ns()
+    check_model_name(name)
+    target = state.repository.get(name, parse_version(version) if version is not None else None)
+    try:
+        request = decode_request(body, header_length)
+        feeds = feeds_for(request, target.model.inputs)
+        check_outputs(request, [spec.name for spec in target.model.outputs])
+        priority, timeout_ms = schedule_parameters(request.parameters, state.config.default_priority_level)
+        if not isinstance(request.parameters.get("async", False), bool):
+            raise InvalidInputError(f"parameters.async must be true or false, got {request.parameters['async']!r}")
+    except Exception as exc:
+        _record_failure(state, target, exc, started_ns)
+        raise
+    return PreparedInference(target, request, feeds, _rows(target, feeds), priority, timeout_ms, started_ns)
+
+
+async def execute(state: ServerState, prepared: PreparedInference) -> EncodedResponse:
+    """Queue on the scheduler, wait, encode; raises QueueFullError, DeadlineExceededError, ..."""
+    target = prepared.target
+    try:
+        result = await target.scheduler.infer(prepared.feeds, priority=prepared.priority,
+                                              timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
+        timing = {"plan": result.plan, "backends": ",".join(result.backends),
+                  "queue_us": round(result.queue_ms * 1e3), "compute_us": round(result.compute_ms * 1e3),
+                  "batch_size": result.batch_size}
+        if result.fallback:
+            timing["fallback"] = result.fallback
+        response = encode_response(target.name, str(target.version), prepared.request, result.outputs, timing)
+    except asyncio.CancelledError:
+        state.stats.record_failure(target.name, str(target.version), "CANCELED", _elapsed_ns(prepared.started_ns))
+        raise
+    except Exception as exc:
+        _record_failure(state, target, exc, prepared.started_ns)
+        raise
+    state.stats.record_success(target.name, str(target.version), result, prepared.rows,
+                               _elapsed_ns(prepared.started_ns), _fallback_labels(target, result))
+    return response
+
+
+def _fallback_labels(target: LoadedVersion, result: InferenceResult) -> tuple[str, str] | None:
+    """(backend that failed, short reason) of a result that fell back, for bounded metric labels."""
+    if not result.fallback:
+        return None
+    failed = next((plan for name, plan in target.scheduler.plans.items()
+                   if f"'{name}'" in result.fallback and name != result.plan), None)
+    backends = [b for b in (failed.backends if failed else ()) if b != "cpu"]
+    # The scheduler says "plan 'gpu' failed: <error>"; keep the error's first clause, bounded.
+    reason = result.fallback.split("failed:", 1)[-1].strip().split(":", 1)[0][:60] or "unknown"
+    return (",".join(backends) or (failed.name if failed else result.plan)), reason
+
+
+def _record_failure(state: ServerState, target: LoadedVersion, exc: BaseException, started_ns: int) -> None:
+    reason = mapping_of(exc).reason
+    state.stats.record_failure(target.name, str(target.version), reason, _elapsed_ns(started_ns))
+
+
+def _elapsed_ns(started_ns: int) -> int:
+    return time.perf_counter_ns() - started_ns
+
+
+def _rows(target: LoadedVersion, feeds: dict[str, np.ndarray]) -> int:
+    first = target.model.inputs[0] if target.model.inputs else None
+    if first is None or not first.shape or isinstance(first.shape[0], int):
+        return 1
+    array = feeds.get(first.name)
+    return int(array.shape[0]) if array is not None and array.ndim else 1

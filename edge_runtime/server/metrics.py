@@ -1,0 +1,136 @@
+"""``GET /metrics``: Prometheus text from a registry private to one app.
+
+Triton's metric names are used where the meaning matches, with labels ``model``
+and ``version``. NOTE: prometheus-client renames any family typed ``counter``
+to ``<name>_total``; Triton's names have no suffix, so those families are
+exposed untyped under their exact names (Prometheus stores and ``rate()``s
+them the same). Our own counters are typed counters (``edge_runtime_plan_total``).
+
+| metric | meaning |
+|---|---|
+| nv_inference_request_success / _failure{reason} | requests answered / failed (REJECTED, TIMEOUT, INVALID, BACKEND, CANCELED, OTHER) |
+| nv_inference_count / nv_inference_exec_count | inferences (batch rows) / model executions |
+| nv_inference_pending_request_count | requests waiting in the model's queue now |
+| nv_inference_queue_duration_us, nv_inference_compute_infer_duration_us, nv_inference_request_duration_us | cumulative µs |
+| edge_runtime_plan_total{model,version,plan} | requests per plan the scheduler chose |
+| edge_runtime_backend_fallback_total{model,backend,reason} | requests whose stage re-ran on cpu |
+| edge_runtime_cloud_calls_total{model,version} | requests a cloud stage answered |
+| edge_runtime_cpu_utilization, edge_runtime_memory_used_bytes, edge_runtime_memory_total_bytes, edge_runtime_load1 | device load (psutil) |
+| edge_runtime_async_tasks{status} | async tasks kept now |
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from edge_runtime.server.repository import ModelRepository
+    from edge_runtime.server.stats import InferenceStats, VersionStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LABELS = ("model", "version")
+
+# Triton name -> (help, value of a version's stats)
+_TRITON_COUNTERS: dict[str, tuple[str, Callable[["VersionStats"], float]]] = {
+    "nv_inference_request_success": ("Number of successful inference requests", lambda s: s.success.count),
+    "nv_inference_count": ("Number of inferences performed (batch rows)", lambda s: s.inference_count),
+    "nv_inference_exec_count": ("Number of model executions performed", lambda s: s.execution_count),
+    "nv_inference_request_duration_us": ("Cumulative inference request duration in microseconds",
+                                         lambda s: s.request_ns / 1e3),
+    "nv_inference_queue_duration_us": ("Cumulative inference queuing duration in microseconds",
+                                       lambda s: s.queue.ns / 1e3),
+    "nv_inference_compute_infer_duration_us": ("Cumulative compute inference duration in microseconds",
+                                               lambda s: s.compute_infer.ns / 1e3),
+}
+
+
+class ServerCollector:
+    """Reads the server's live state at scrape time; holds no copies of it."""
+
+    def __init__(self, stats: "InferenceStats", repository: "ModelRepository",
+                 task_counts: Callable[[], dict[str, int]]) -> None:
+        import psutil
+
+        self._stats = stats
+        self._repository = repository
+        self._task_counts = task_counts
+        self._psutil = psutil
+        psutil.cpu_percent(interval=None)  # prime: the first reading is always 0.0
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._triton()
+        yield from self._ours()
+        yield from self._device()
+
+    def _items(self) -> list[tuple[tuple[str, str], "VersionStats"]]:
+        for served in self._repository.served():  # served versions show zeros before their first request
+            self._stats.of(served.name, str(served.version))
+        return self._stats.items()
+
+    def _triton(self) -> Iterable[Metric]:
+        items = self._items()
+        for name, (doc, value_of) in _TRITON_COUNTERS.items():
+            family = Metric(name, doc, "unknown")
+            for (model, version), stats in items:
+                family.add_sample(name, {"model": model, "version": version}, value_of(stats))
+            yield family
+        failure = Metric("nv_inference_request_failure", "Number of failed inference requests", "unknown")
+        for (model, version), stats in items:
+            for reason, count in sorted(stats.failures.items()):
+                failure.add_sample("nv_inference_request_failure",
+                                   {"model": model, "version": version, "reason": reason}, count)
+        yield failure
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Instantaneous number of pending requests awaiting execution", labels=LABELS)
+        for served in self._repository.served():
+            pending.add_metric([served.name, str(served.version)], served.scheduler.pending)
+        yield pending
+
+    def _ours(self) -> Iterable[Metric]:
+        items = self._items()
+        plans = CounterMetricFamily("edge_runtime_plan", "Requests per plan the scheduler chose",
+                                    labels=("model", "version", "plan"))
+        fallbacks = CounterMetricFamily("edge_runtime_backend_fallback",
+                                        "Requests whose backend stage failed and re-ran on cpu",
+                                        labels=("model", "backend", "reason"))
+        cloud = CounterMetricFamily("edge_runtime_cloud_calls", "Requests a cloud stage answered", labels=LABELS)
+        fallback_totals: dict[tuple[str, str, str], int] = {}
+        for (model, version), stats in items:
+            for plan, count in sorted(stats.plans.items()):
+                plans.add_metric([model, version, plan], count)
+            for (backend, reason), count in stats.fallbacks.items():
+                key = (model, backend, reason)
+                fallback_totals[key] = fallback_totals.get(key, 0) + count
+            cloud.add_metric([model, version], stats.cloud_calls)
+        for key, count in sorted(fallback_totals.items()):
+            fallbacks.add_metric(list(key), count)
+        tasks = GaugeMetricFamily("edge_runtime_async_tasks", "Async tasks kept, by status", labels=("status",))
+        for status, count in sorted(self._task_counts().items()):
+            tasks.add_metric([status], count)
+        yield from (plans, fallbacks, cloud, tasks)
+
+    def _device(self) -> Iterable[Metric]:
+        memory = self._psutil.virtual_memory()
+        yield GaugeMetricFamily("edge_runtime_cpu_utilization",
+                                "CPU utilisation of the device since the last scrape, 0..1",
+                                value=self._psutil.cpu_percent(interval=None) / 100.0)
+        yield GaugeMetricFamily("edge_runtime_memory_used_bytes", "Device memory in use", value=memory.used)
+        yield GaugeMetricFamily("edge_runtime_memory_total_bytes", "Device memory in total", value=memory.total)
+        if hasattr(os, "getloadavg"):
+            yield GaugeMetricFamily("edge_runtime_load1", "1-minute load average", value=os.getloadavg()[0])
+
+
+def make_registry(collector: ServerCollector) -> CollectorRegistry:
+    """A registry of this app's own: two apps in one process never share metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+    return registry
+
+
+def scrape(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

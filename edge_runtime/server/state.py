@@ -1,0 +1,28 @@
+"""What every handler shares, stored on the app under one typed key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from edge_runtime.server.config import ServerConfig
+from edge_runtime.server.repository import ModelRepository
+from edge_runtime.server.stats import InferenceStats
+from edge_runtime.server.tasks import TaskStore
+
+
+@dataclass
+class ServerState:
+    """Long-lived server objects; ``ready`` is False while models load and once draining starts."""
+
+    config: ServerConfig
+    repository: ModelRepository
+    stats: InferenceStats
+    tasks: TaskStore
+    registry: CollectorRegistry
+    ready: bool = False
+
+
+STATE = web.AppKey("edge_runtime_state", ServerState)

@@ -1,0 +1,86 @@
+"""``scheduler_for``: plans, policy and shared workers for a model loaded by a real ``Runtime``.
+
+The oracle is ``Model.run`` on the same file (the runtime's own path, no scheduler).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from edge_runtime.errors import ConfigError
+from edge_runtime.scheduler import model_config
+from edge_runtime.scheduler.factory import monitor_for, runtime_workers, scheduler_for
+from edge_runtime.scheduler.plans import GPU_BACKENDS
+from scheduler_fakes import InstrumentedPlan, compile_on, ort_oracle
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory):
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+
+    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), intra_op_threads=2, probe_opencl=False))
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def mlp_path(tmp_path_factory: pytest.TempPathFactory, mlp_proto) -> Path:
+    path = tmp_path_factory.mktemp("models") / "mlp.onnx"
+    onnx.save(mlp_proto, str(path))
+    return path
+
+
+async def test_adaptive_policy_gets_cpu_and_any_usable_gpu_plan(runtime, mlp_path, mlp_proto) -> None:
+    model = runtime.load(mlp_path, backend="cpu")
+    monitor = monitor_for(runtime)
+    sched = scheduler_for(model, model_config({"scheduler": {"policy": "threshold"}}), runtime, monitor)
+    assert "cpu" in sched.plans
+    assert all(set(sched.plans[n].backends) <= GPU_BACKENDS for n in sched.plans if n != "cpu")
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    async with sched:
+        result = await sched.infer({"input": x})
+    assert result.plan in sched.plans
+    np.testing.assert_allclose(result.outputs["logits"], ort_oracle(mlp_proto)({"input": x})["logits"],
+                               rtol=1e-4, atol=1e-5)
+
+
+async def test_model_on_another_backend_gains_a_cpu_plan_unless_fixed(runtime, mlp_path, mlp_proto) -> None:
+    model = runtime.load(mlp_path, backend="null")  # the do-nothing backend as "the model's own"
+    fixed = scheduler_for(model, model_config({}), runtime, None)
+    assert list(fixed.plans) == ["null"]
+    adaptive = scheduler_for(model, model_config({"scheduler": {"policy": "cost", "explore_fraction": 0.0}}),
+                             runtime, None)
+    assert {"null", "cpu"} <= set(adaptive.plans)
+    x = np.ones((2, 64), np.float32)
+    async with adaptive:
+        result = await adaptive.infer({"input": x}, plan="cpu")
+    assert result.backends == ("cpu",)
+    np.testing.assert_allclose(result.outputs["logits"], ort_oracle(mlp_proto)({"input": x})["logits"],
+                               rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match="plan 'tpu' is not a plan"):
+        scheduler_for(model, model_config({"scheduler": {"plan": "tpu"}}), runtime, None)
+
+
+async def test_extra_hybrid_plan_is_taken_when_the_gpu_is_busy(runtime, mlp_path, mlp_proto) -> None:
+    model = runtime.load(mlp_path, backend="cpu")
+    hybrid = InstrumentedPlan("hybrid", compile_on("cpu", mlp_proto), backends=("opencl", "cpu"))  # stand-in
+    monitor = monitor_for(runtime)
+    monitor.pin(gpu_busy=0.95)
+    sched = scheduler_for(model, model_config({"scheduler": {"policy": "threshold"}}), runtime, monitor,
+                          extra_plans={"hybrid": hybrid})
+    async with sched:
+        result = await sched.infer({"input": np.ones((1, 64), np.float32)})
+    assert result.plan == "hybrid" and len(hybrid.calls) == 1
+
+
+def test_models_of_one_runtime_share_device_workers(runtime, mlp_path) -> None:
+    a = scheduler_for(runtime.load(mlp_path, backend="cpu"), model_config({}), runtime, None)
+    b = scheduler_for(runtime.load(mlp_path, name="other", backend="cpu"), model_config({}), runtime, None)
+    assert runtime_workers(runtime) is runtime_workers(runtime)
+    assert a._workers is b._workers is runtime_workers(runtime)
+    assert runtime_workers(runtime).cpu.intra_op_threads == 2

@@ -1,0 +1,135 @@
+"""``python -m edge_runtime serve`` as a real process: serves, and on SIGTERM drains then exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from edge_runtime.model_zoo import build_mobilenet
+from edge_runtime.server import codec
+from server_fixtures import ROOT, free_port, ort_run, write
+
+REQUESTS = 8
+BATCH = 256  # ~0.1 s of CPU per request: a queue that takes a while to drain
+
+
+def start_server(repository: Path, cache: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT), "EDGE_RUNTIME_THREADS": "1"}
+    command = [sys.executable, "-m", "edge_runtime", "--log-level", "INFO", "serve", "--port", str(port),
+               "--model-repository", str(repository)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def wait_ready(session: aiohttp.ClientSession, base: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            async with session.get(f"{base}/v2/health/ready") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError("server not ready within 120 s")
+
+
+async def pending(session: aiohttp.ClientSession, base: str) -> float:
+    async with session.get(f"{base}/metrics") as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        if family.name == "nv_inference_pending_request_count":
+            return sum(s.value for s in family.samples)
+    return 0.0
+
+
+async def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    write(repository / "mobilenet" / "1" / "model.onnx", build_mobilenet())
+    (repository / "mobilenet" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = start_server(repository, tmp_path / "cache", port)
+    images = [np.random.default_rng(i).standard_normal((BATCH, 3, 64, 64)).astype(np.float32) for i in range(2)]
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await wait_ready(session, base, process)
+
+            async def infer(i: int) -> tuple[int, bytes, str | None]:
+                encoded = codec.encode_request({"input": images[i % 2]}, binary=True,
+                                               parameters={"binary_data_output": True})
+                async with session.post(f"{base}/v2/models/mobilenet/infer", data=encoded.body, headers={
+                        "Inference-Header-Content-Length": str(encoded.header_length)}) as response:
+                    return (response.status, await response.read(),
+                            response.headers.get("Inference-Header-Content-Length"))
+
+            in_flight = [asyncio.ensure_future(infer(i)) for i in range(REQUESTS)]
+            deadline = time.monotonic() + 60
+            # Wait until every request is queued, running (one) or answered, and several still wait:
+            # only requests the server has accepted are promised a drain.
+            while True:
+                queued, answered = await pending(session, base), sum(t.done() for t in in_flight)
+                if queued + answered + 1 >= REQUESTS and queued >= 2:
+                    break
+                assert time.monotonic() < deadline, f"requests never queued up ({queued} queued, {answered} done)"
+                await asyncio.sleep(0.01)
+            process.send_signal(signal.SIGTERM)
+            refused_while_draining = False
+            for _ in range(200):
+                try:
+                    async with aiohttp.ClientSession() as fresh:  # a new connection, not a pooled one
+                        async with fresh.get(f"{base}/v2/health/live"):
+                            pass
+                except aiohttp.ClientConnectionError:
+                    refused_while_draining = process.poll() is None
+                    break
+                await asyncio.sleep(0.01)
+            results = await asyncio.gather(*in_flight)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert refused_while_draining, "new connections must be refused while in-flight requests drain"
+    assert [status for status, _, _ in results] == [200] * REQUESTS
+    assert "draining" in stderr and "Traceback" not in stderr
+    expected = ort_run(repository / "mobilenet" / "1" / "model.onnx", {"input": images[0]})["probabilities"]
+    _, body, header_length = results[0]
+    got = np.frombuffer(body[int(header_length):], "<f4").reshape(BATCH, 10)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def run_serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "edge_runtime", "serve", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_port_in_use_exits_1_naming_the_address(tmp_path: Path) -> None:
+    from edge_runtime.model_zoo import build_mlp
+
+    write(tmp_path / "repository" / "mlp" / "1" / "model.onnx", build_mlp())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_serve(tmp_path, "--port", str(port), "--model-repository", str(tmp_path / "repository"))
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_repository_is_refused_before_start(tmp_path: Path) -> None:
+    result = run_serve(tmp_path, "--model-repository", str(tmp_path / "nowhere"))
+    assert result.returncode == 1
+    assert "nowhere is not a directory" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,410 @@
+"""Benchmark: the scheduler's dynamic batching and its load-adaptive plan choice.
+
+(a) batching — the zoo's mlp and mobilenet on the ``cpu`` backend through the
+scheduler, with and without batching, against the baseline a user would write:
+one plain ``onnxruntime.InferenceSession`` called from as many threads as
+there are clients. Throughput at concurrency 16, and latency at concurrency 1,
+where batching may add at most ``max_queue_delay_us`` (plus noise).
+
+(b) adaptivity — a mobilenet under phases of real competing load: idle, a
+CPU-burning subprocess, competing OpenCL kernels (pyopencl) in a subprocess,
+idle again (each started and ended by PID). Four schedulers take turns in
+short slices so they see the same load: the ``cost`` and ``threshold``
+policies and each static plan (``fixed`` cpu, ``fixed`` gpu). Reported:
+p50/p99 per phase and policy, plan shares, the chosen plan over time.
+
+The "gpu" plan is the ``opencl`` backend when it runs on a GPU-type OpenCL
+device (``--gpu-plan auto``; ``opencl`` forces it, e.g. onto PoCL), else a
+stand-in; the JSON says which and why. The stand-in is a second
+ONNX Runtime session; on a machine with 2+ cores the benchmark pins the cpu
+plan's worker thread to core 0 and the stand-in's to core 1, and pins the
+CPU burner to core 0 and the competing kernels to core 1, so each load hits
+one "device". PoCL has no busy counter, so the kernel process writes its duty
+cycle in kgsl format under a private root that the LoadMonitor reads (its
+``/proc`` links to the real one); on a phone the driver's counter does this.
+
+Usage: ``python tools/bench_scheduler.py --out bench_out`` (about 2 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+BURN_CPU = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
+COMPETING_KERNELS = r"""
+import sys, time, numpy as np, pyopencl as cl
+counter = sys.argv[1]
+ctx = cl.Context([d for p in cl.get_platforms() for d in p.get_devices()][:1])
+queue = cl.CommandQueue(ctx)
+prg = cl.Program(ctx, '''__kernel void spin(__global float *x) {
+    int i = get_global_id(0); float v = x[i];
+    for (int k = 0; k < 20000; k++) v = v * 0.999f + 0.001f;
+    x[i] = v; }''').build()
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * 4096)
+busy = 0.0; window = time.monotonic()
+while True:
+    start = time.monotonic(); prg.spin(queue, (4096,), None, buf); queue.finish()
+    busy += time.monotonic() - start
+    if time.monotonic() - window >= 0.1:
+        total = time.monotonic() - window
+        with open(counter + ".tmp", "w") as f: f.write(f"{int(busy * 1e6)} {int(total * 1e6)}\n")
+        import os; os.replace(counter + ".tmp", counter); busy = 0.0; window = time.monotonic()
+"""
+CONCURRENCY = 16
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50_ms": None, "p99_ms": None, "n": 0}
+    array = np.asarray(values)
+    return {"p50_ms": round(float(np.percentile(array, 50)), 3), "p99_ms": round(float(np.percentile(array, 99)), 3),
+            "n": int(array.size)}
+
+
+# -- (a) batching ---------------------------------------------------------------------
+def _plain_throughput(path: Path, feed: dict, clients: int, seconds: float) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    def client() -> None:
+        while time.perf_counter() < stop:
+            began = time.perf_counter()
+            session.run(None, feed)
+            latencies.append((time.perf_counter() - began) * 1e3)
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda _: client(), range(clients)))
+    return {"throughput_rps": round(len(latencies) / (time.perf_counter() - began), 1), **_percentiles(latencies)}
+
+
+async def _sched_throughput(sched: Any, feed: dict, clients: int, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < stop:
+            began = time.perf_counter()
+            await sched.infer(feed)
+            latencies.append((time.perf_counter() - began) * 1e3)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return {"throughput_rps": round(len(latencies) / (time.perf_counter() - began), 1), **_percentiles(latencies)}
+
+
+async def bench_batching(rt: Any, models: dict[str, Path], seconds: float, delay_us: int) -> dict[str, Any]:
+    from edge_runtime.scheduler import model_config
+    from edge_runtime.scheduler.factory import scheduler_for
+
+    results = {}
+    for name, path in models.items():
+        model = rt.load(path, backend="cpu")
+        spec = model.inputs[0]
+        feed = {spec.name: np.random.default_rng(0).standard_normal(
+            [1, *spec.shape[1:]]).astype(np.float32)}
+        configs = {"no_batching": {}, "batching": {"batching": {"max_batch_size": CONCURRENCY,
+                                                                "max_queue_delay_us": delay_us}}}
+        row: dict[str, Any] = {"concurrency_16": {}, "concurrency_1": {}}
+        for clients in (CONCURRENCY, 1):
+            key = f"concurrency_{clients}"
+            row[key]["plain_onnxruntime"] = await asyncio.to_thread(_plain_throughput, path, feed, clients, seconds)
+            for label, cfg in configs.items():
+                async with scheduler_for(model, model_config(cfg), rt, None) as sched:
+                    await _sched_throughput(sched, feed, clients, 0.2)  # warm-up
+                    row[key][label] = await _sched_throughput(sched, feed, clients, seconds)
+                    row[key][label]["batch_sizes"] = {k[11:]: v for k, v in sched.stats().items()
+                                                      if k.startswith("batch_size:")}
+        c16, c1 = row["concurrency_16"], row["concurrency_1"]
+        row["throughput_ratio_batching_vs_no_batching"] = round(
+            c16["batching"]["throughput_rps"] / c16["no_batching"]["throughput_rps"], 3)
+        row["throughput_ratio_batching_vs_plain_ort"] = round(
+            c16["batching"]["throughput_rps"] / c16["plain_onnxruntime"]["throughput_rps"], 3)
+        added = c1["batching"]["p50_ms"] - c1["no_batching"]["p50_ms"]
+        row["concurrency_1_added_p50_ms"] = round(added, 3)
+        row["concurrency_1_within_delay_plus_noise"] = added <= delay_us / 1e3 + 1.0
+        results[name] = row
+        model.close()
+    return results
+
+
+# -- (b) adaptivity -------------------------------------------------------------------
+class _PinnedPlan:
+    """A plan whose worker thread is pinned to ``core`` on its first run (Linux: per-thread affinity)."""
+
+    def __init__(self, name: str, model: Any, core: int | None, device: str) -> None:
+        self.name, self.backends, self.device = name, tuple(model.backend_nodes), device
+        self._model, self._core, self._pinned = model, core, threading.local()
+
+    def run(self, feeds: dict) -> dict:
+        if self._core is not None and not getattr(self._pinned, "done", False):
+            os.sched_setaffinity(0, {self._core})
+            self._pinned.done = True
+        return self._model._run_validated(feeds)
+
+
+def _spawn(code: str, core: int | None, *args: str) -> subprocess.Popen:
+    def pin() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    return subprocess.Popen([sys.executable, "-c", code, *args], preexec_fn=pin,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        process.terminate()
+        process.wait(timeout=5)
+
+
+async def bench_adaptivity(rt: Any, path: Path, phase_s: float, slice_s: float, gpu_choice: str,
+                           fake_root: Path) -> dict[str, Any]:
+    from edge_runtime.load_monitor import LoadConfig, LoadMonitor
+    from edge_runtime.scheduler import ModelScheduler, model_config
+    from edge_runtime.scheduler.factory import runtime_workers
+
+    two_cores = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
+    opencl_ok = rt.availability("opencl").ok
+    opencl_gpu = opencl_ok and _opencl_has_gpu()
+    use_opencl = gpu_choice == "opencl" or (gpu_choice == "auto" and opencl_gpu)
+    cpu_model = rt.load(path, backend="cpu", options=_threads(rt, 1 if two_cores else None))
+    spec = cpu_model.inputs[0]
+    feed = {spec.name: np.random.default_rng(1).standard_normal([1, *spec.shape[1:]]).astype(np.float32)}
+    gpu_model, why_not = (_working_opencl(rt, path, cpu_model, feed) if use_opencl
+                          else (None, _why_no_opencl(rt, opencl_ok, gpu_choice)))
+    if gpu_model is not None:
+        gpu_plan = _PinnedPlan("gpu", gpu_model, None, "gpu")
+        gpu_note = f"opencl backend ({rt.availability('opencl').reason})"
+    else:
+        gpu_model = rt.load(path, backend="cpu", options=_threads(rt, 1 if two_cores else None))
+        gpu_plan = _PinnedPlan("gpu", gpu_model, 1 if two_cores else None, "gpu")
+        gpu_note = ("stand-in: a second ONNX Runtime session (1 thread) on the gpu worker"
+                    + (", pinned to core 1" if two_cores else "") + f"; no opencl plan: {why_not}")
+    plans = {"cpu": _PinnedPlan("cpu", cpu_model, 0 if two_cores else None, "cpu"), "gpu": gpu_plan}
+    (fake_root / "sys/class/kgsl/kgsl-3d0").mkdir(parents=True, exist_ok=True)
+    counter = fake_root / "sys/class/kgsl/kgsl-3d0/gpubusy"
+    counter.write_text("0 0\n")
+    (fake_root / "proc").symlink_to("/proc")
+    monitor = LoadMonitor(LoadConfig(sample_interval_ms=100), root=fake_root).start()
+    configs = {"cost": {"policy": "cost"}, "threshold": {"policy": "threshold"},
+               "fixed_cpu": {"policy": "fixed", "plan": "cpu"}, "fixed_gpu": {"policy": "fixed", "plan": "gpu"}}
+    workers = runtime_workers(rt)
+    scheds = {name: ModelScheduler("mobilenet", cpu_model.inputs, plans, model_config({"scheduler": cfg}),
+                                   outputs=cpu_model.outputs, monitor=monitor, workers=workers)
+              for name, cfg in configs.items()}
+    phases = [("idle", None), ("cpu_burner", "cpu"), ("competing_opencl_kernels", "gpu"), ("idle_again", None)]
+    timeline: list[dict[str, Any]] = []
+    origin = time.perf_counter()
+    for sched in scheds.values():
+        await sched.start()
+        for _ in range(10):
+            await sched.infer(feed)  # warm-up and first measurements
+    kernels_note = None
+    for phase, load in phases:
+        process = None
+        if load == "cpu":
+            process = _spawn(BURN_CPU, 0 if two_cores else None)
+        elif load == "gpu":
+            try:
+                import pyopencl  # noqa: F401 - only to know whether competing kernels can run
+
+                process = _spawn(COMPETING_KERNELS, 1 if two_cores else None, str(counter))
+                kernels_note = "pyopencl kernels on the first OpenCL device"
+            except ImportError:
+                process = _spawn(BURN_CPU, 1 if two_cores else None)
+                kernels_note = "pyopencl missing: a CPU burner on the gpu stand-in's core instead"
+        await asyncio.sleep(0.3)  # let the load ramp up and the monitor see it
+        phase_end = time.perf_counter() + phase_s
+        while time.perf_counter() < phase_end:
+            for name, sched in scheds.items():
+                slice_end = time.perf_counter() + slice_s
+                await asyncio.gather(*(_client(sched, feed, slice_end, timeline, name, phase, origin)
+                                       for _ in range(2)))
+        _stop(process)
+        counter.write_text("0 0\n")
+    monitor.stop()
+    for sched in scheds.values():
+        await sched.close()
+    summary = {}
+    for name in scheds:
+        summary[name] = {}
+        for phase, _ in phases:
+            rows = [t for t in timeline if t["policy"] == name and t["phase"] == phase]
+            shares = {p: round(sum(1 for t in rows if t["plan"] == p) / max(1, len(rows)), 3) for p in plans}
+            summary[name][phase] = {**_percentiles([t["latency_ms"] for t in rows]), "plan_share": shares}
+    ratios = {phase: {name: _ratio(summary[name][phase]["p50_ms"], min(
+        summary["fixed_cpu"][phase]["p50_ms"], summary["fixed_gpu"][phase]["p50_ms"])) for name in ("cost", "threshold")}
+        for phase, _ in phases}
+    return {"gpu_plan": gpu_note, "competing_kernels": kernels_note, "pinned_cores": two_cores,
+            "phase_s": phase_s, "summary": summary, "p50_ratio_vs_best_static_plan": ratios,
+            "scheduler_stats": {n: s.stats() for n, s in scheds.items()}, "timeline": timeline}
+
+
+def _working_opencl(rt: Any, path: Path, cpu_model: Any, feed: dict) -> tuple[Any | None, str]:
+    """The model on the opencl backend if it loads and matches the cpu outputs; else (None, why not)."""
+    from edge_runtime.errors import EdgeRuntimeError
+
+    try:
+        model = rt.load(path, backend="opencl")
+        got, want = model.run(feed), cpu_model.run(feed)
+    except EdgeRuntimeError as exc:
+        return None, f"opencl backend failed on this model: {str(exc).splitlines()[0][:200]}"
+    if not all(np.allclose(got[k], want[k], rtol=1e-3, atol=1e-4) for k in want):
+        model.close()
+        return None, "opencl backend outputs differ from cpu"
+    return model, ""
+
+
+def _opencl_has_gpu() -> bool:
+    try:
+        import pyopencl as cl
+
+        return any(d.type & cl.device_type.GPU for p in cl.get_platforms() for d in p.get_devices())
+    except Exception:  # pyopencl raises its own error types when no ICD answers
+        return False
+
+
+def _why_no_opencl(rt: Any, opencl_ok: bool, gpu_choice: str) -> str:
+    if gpu_choice == "standin":
+        return "--gpu-plan standin"
+    if not opencl_ok:
+        return rt.availability("opencl").reason
+    return (f"the opencl backend runs on {rt.availability('opencl').reason}, a CPU device sharing the cores "
+            "of the cpu plan, not a separate device (--gpu-plan opencl uses it anyway)")
+
+
+def _threads(rt: Any, threads: int | None) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(rt.compile_options(), intra_op_threads=threads or rt.threads)
+
+
+def _ratio(value: float | None, best: float | None) -> float | None:
+    return round(value / best, 3) if value and best else None
+
+
+async def _client(sched: Any, feed: dict, until: float, timeline: list, policy: str, phase: str,
+                  origin: float) -> None:
+    while time.perf_counter() < until:
+        began = time.perf_counter()
+        result = await sched.infer(feed)
+        timeline.append({"t_s": round(began - origin, 4), "policy": policy, "phase": phase, "plan": result.plan,
+                         "latency_ms": round((time.perf_counter() - began) * 1e3, 3)})
+
+
+# -- plots and main -------------------------------------------------------------------
+def plot(report: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    batching = report["batching"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    modes = ("plain_onnxruntime", "no_batching", "batching")
+    names = list(batching)
+    for i, mode in enumerate(modes):
+        offsets = [j + i * 0.27 for j in range(len(names))]
+        axes[0].bar(offsets, [batching[m]["concurrency_16"][mode]["throughput_rps"]
+                              / batching[m]["concurrency_16"]["plain_onnxruntime"]["throughput_rps"] for m in names],
+                    0.27, label=mode)
+        axes[1].bar(offsets, [batching[m]["concurrency_1"][mode]["p50_ms"] for m in names], 0.27, label=mode)
+    for ax, title in ((axes[0], "throughput at concurrency 16, relative to plain ONNX Runtime"),
+                      (axes[1], "p50 latency at concurrency 1 (ms)")):
+        ax.set_xticks([j + 0.27 for j in range(len(names))], names)
+        ax.set_title(title, fontsize=10)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "bench_scheduler_batching.png", dpi=110)
+    written.append(str(out / "bench_scheduler_batching.png"))
+    timeline = report["adaptivity"]["timeline"]
+    policies = list(report["adaptivity"]["summary"])
+    fig, axes = plt.subplots(len(policies), 1, figsize=(11, 2.2 * len(policies)), sharex=True)
+    for ax, policy in zip(axes, policies):
+        for plan, colour in (("cpu", "tab:blue"), ("gpu", "tab:orange")):
+            rows = [t for t in timeline if t["policy"] == policy and t["plan"] == plan]
+            ax.scatter([t["t_s"] for t in rows], [t["latency_ms"] for t in rows], s=3, c=colour, label=plan)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{policy}\nms")
+        for phase in dict.fromkeys(t["phase"] for t in timeline):
+            times = [t["t_s"] for t in timeline if t["phase"] == phase]
+            ax.axvspan(min(times), max(times), alpha=0.08 if "idle" in phase else 0.2, color="grey")
+            if ax is axes[0]:
+                ax.text(min(times), ax.get_ylim()[1], phase, fontsize=8, va="bottom")
+    axes[0].legend(loc="upper right", markerscale=4)
+    axes[-1].set_xlabel("time (s); colour = plan chosen")
+    fig.tight_layout()
+    fig.savefig(out / "bench_scheduler_adaptivity.png", dpi=110)
+    written.append(str(out / "bench_scheduler_adaptivity.png"))
+    return written
+
+
+async def amain(args: argparse.Namespace) -> dict[str, Any]:
+    import onnx
+
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.model_zoo import build_mlp, build_mobilenet
+    from edge_runtime.runtime import Runtime
+
+    with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp:
+        tmp_path = Path(tmp)
+        models = {"mlp": build_mlp(), "mobilenet": build_mobilenet(), "mobilenet96": build_mobilenet(96, 32)}
+        paths = {}
+        for name, proto in models.items():
+            paths[name] = tmp_path / f"{name}.onnx"
+            onnx.save(proto, str(paths[name]))
+        rt = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", probe_opencl=False))
+        try:
+            batching = await bench_batching(rt, {"mlp": paths["mlp"], "mobilenet": paths["mobilenet"]},
+                                            args.seconds, args.delay_us)
+            adaptivity = await bench_adaptivity(rt, paths["mobilenet96"], args.phase_seconds, 0.25,
+                                                args.gpu_plan, tmp_path / "root")
+        finally:
+            rt.close()
+    return {"host": {"cores": os.cpu_count(), "threads": rt.threads}, "max_queue_delay_us": args.delay_us,
+            "batching": batching, "adaptivity": adaptivity}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per batching mode")
+    parser.add_argument("--phase-seconds", type=float, default=8.0, help="length of each load phase")
+    parser.add_argument("--delay-us", type=int, default=2000, help="max_queue_delay_us for batching")
+    parser.add_argument("--gpu-plan", choices=("auto", "opencl", "standin"), default="auto")
+    parser.add_argument("--out", type=Path, default=Path("bench_out"), help="folder for the PNG plots")
+    args = parser.parse_args()
+    report = asyncio.run(amain(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    report["plots"] = plot(report, args.out)
+    timeline = report["adaptivity"].pop("timeline")
+    (args.out / "bench_scheduler_timeline.json").write_text(json.dumps(timeline))
+    report["adaptivity"]["timeline_file"] = str(args.out / "bench_scheduler_timeline.json")
+    json.dump(report, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
