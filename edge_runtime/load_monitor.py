@@ -96,7 +96,7 @@ class LoadReading:
     cpu_busy_own: float | None = None
     gpu_busy: float | None = None
     gpu_busy_own: float | None = None
-    gpu_busy_source: str = "none"  # kgsl_gpubusy, mali_utilization, devfreq_load, own_queue, none
+    gpu_busy_source: str = "none"  # kgsl_gpubusy, mali_utilization, devfreq_load, own_queue, pinned, none
     mem_used_fraction: float | None = None
     mem_stall_fraction: float | None = None
     mem_available_bytes: int | None = None
@@ -200,7 +200,8 @@ class LoadMonitor:
 
     def _publish(self) -> None:
         # Caller holds the lock.
-        self._reading = dataclasses.replace(self._raw, **self._pins, pinned=tuple(sorted(self._pins)))
+        source = {"gpu_busy_source": "pinned"} if "gpu_busy" in self._pins else {}
+        self._reading = dataclasses.replace(self._raw, **self._pins, **source, pinned=tuple(sorted(self._pins)))
 
     # -- sampling ------------------------------------------------------------------
     def sample(self) -> LoadReading:

@@ -147,8 +147,8 @@ def _child() -> dict[str, object]:
     rng = np.random.default_rng(7)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    defines = gemm_defines(GemmShape(m=m, n=n, k=k, sam=k, sak=1, sbk=n, sbn=1), tn, (("ACTIVATE(v)", "(v)"),))
-    source = assemble([Instance("gemm", "gemm", tuple(defines + [("TM", str(tm))]))])
+    defines = gemm_defines(GemmShape(m=m, n=n, k=k, sam=k, sak=1, sbk=n, sbn=1), (("ACTIVATE(v)", "(v)"),))
+    source = assemble([Instance("gemm", "gemm", tuple(defines + [("TM", str(tm)), ("TN", str(tn))]))])
     program = cl.Program(handle.context, source).build()
     queue = handle.new_queue()
     flags = cl.mem_flags

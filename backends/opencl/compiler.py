@@ -35,7 +35,7 @@ def _resolve(analysis: GraphAnalysis, group: Group) -> NodeGroup:
     pick = lambda index: nodes[index] if index is not None else None  # noqa: E731
     label = "+".join(analysis.labels[i] for i in group.members)
     return NodeGroup(nodes[group.head], pick(group.batchnorm), pick(group.bias_add),
-                     tuple(nodes[i] for i in group.activations), label)
+                     tuple(nodes[i] for i in group.activations), label, pick(group.residual))
 
 
 def specialise(analysis: GraphAnalysis, groups: list[Group], input_shapes: dict[str, tuple[int, ...]],

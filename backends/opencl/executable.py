@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 import numpy as np
 

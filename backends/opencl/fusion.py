@@ -6,6 +6,8 @@ Decided on the graph structure alone, once per compile:
   host) when the Conv output feeds only that BN and all its parameters are
   host-known;
 * a MatMul followed by an Add of a host-known tensor takes it as its bias;
+* a Conv/Gemm/MatMul followed by an Add of another device tensor of the same
+  shape (a residual connection) reads that tensor in its epilogue;
 * element-wise nodes that compute from the producer's output and scalar
   constants only (Relu, Clip/ReLU6, HardSwish, also decomposed forms such as
   x * Clip(x + 3, 0, 6) / 6 or x * Sigmoid(x)) become one scalar function
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     import onnx
 
 MAX_EPILOGUE_NODES = 8
+# Kernels that can add a residual tensor before their epilogue.
+RESIDUAL_HEADS = frozenset({"Conv", "Gemm", "MatMul"})
 # Kernels that apply ACTIVATE(v) before their store.
 EPILOGUE_HEADS = ACTIVATIONS | BINARY | frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "MaxPool", "AveragePool",
@@ -44,10 +48,11 @@ class Group:
     batchnorm: int | None = None
     bias_add: int | None = None
     activations: tuple[int, ...] = ()
+    residual: int | None = None  # an Add of a same-shape device tensor, before the activations
 
     @property
     def members(self) -> tuple[int, ...]:
-        extra = [i for i in (self.batchnorm, self.bias_add) if i is not None]
+        extra = [i for i in (self.batchnorm, self.bias_add, self.residual) if i is not None]
         return (self.head, *extra, *self.activations)
 
     @property
@@ -94,14 +99,29 @@ def plan_groups(analysis: GraphAnalysis) -> list[Group]:
                 other = [n for n in nodes[user].input if n != out]
                 if len(other) == 1 and other[0] in analysis.static:
                     bias_add, out = user, nodes[user].output[0]
+        residual = None
+        if node.op_type in RESIDUAL_HEADS:
+            user = sole_consumer(out)
+            if user is not None and _is_residual_add(nodes[user], out, analysis):
+                residual, out = user, nodes[user].output[0]
         activations: list[int] = []
         if node.op_type in EPILOGUE_HEADS and len([o for o in node.output if o]) == 1:
             extra = {node.input[0]} if node.op_type in ACTIVATIONS else set()
             activations = _epilogue(out, extra, analysis, consumers, runtime, graph_outputs)
-        group = Group(index, batchnorm, bias_add, tuple(activations))
+        group = Group(index, batchnorm, bias_add, tuple(activations), residual)
         absorbed.update(group.members)
         groups.append(group)
     return groups
+
+
+def _is_residual_add(node: "onnx.NodeProto", source: str, analysis: GraphAnalysis) -> bool:
+    """An Add of ``source`` and a device tensor of the same (fully known) shape."""
+    if node.op_type != "Add" or len(node.input) != 2 or list(node.input).count(source) != 1:
+        return False
+    other = node.input[1] if node.input[0] == source else node.input[0]
+    mine, theirs = analysis.specs.get(source), analysis.specs.get(other)
+    return (other not in analysis.static and mine is not None and theirs is not None
+            and mine.shape == theirs.shape and all(d is not None for d in mine.shape))
 
 
 def _is_inference_bn(node: "onnx.NodeProto") -> bool:

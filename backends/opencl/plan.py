@@ -20,11 +20,16 @@ Defines = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True)
 class Variant:
-    """One way to launch a kernel: its instance defines and NDRange."""
+    """One way to launch a kernel: its instance defines and NDRange.
+
+    ``entry`` names another kernel of the step's family taking the same
+    arguments (an alternative algorithm); empty means the step's own.
+    """
 
     defines: Defines
     global_size: tuple[int, ...]
     local_size: tuple[int, ...] | None = None
+    entry: str = ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -22,8 +22,6 @@ from backends.opencl.plan import Program, shape_text
 from backends.opencl.source import Instance
 from backends.opencl.tuning import Tuner
 
-if TYPE_CHECKING:
-    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +45,9 @@ class PreparedProgram:
             builder.kernels(tuner.instances(program), tuner.options, label)
         built = time.perf_counter()
         choices = tuner.choose(program)
-        instances = [Instance(step.family, step.entry, step.variants[choice].defines)
-                     for step, choice in zip(program.steps, choices)]
+        chosen = [step.variants[choice] for step, choice in zip(program.steps, choices)]
+        instances = [Instance(step.family, variant.entry or step.entry, variant.defines)
+                     for step, variant in zip(program.steps, chosen)]
         kernels = builder.kernels(instances, tuner.options, label) if instances else []
         self.timings_s = {"plan": plan_s, "build": built - started, "tune": time.perf_counter() - built}
         self.memory = plan_memory(program)
@@ -76,7 +75,7 @@ class PreparedProgram:
         except cl.Error as exc:
             raise backend_error(exc, device=device, action="allocate buffers / create kernels",
                                 kernel=label) from exc
-        self.kernel_families = Counter(f"{s.family}.{s.entry}" for s in program.steps)
+        self.kernel_families = Counter(f"{i.family}.{i.entry}" for i in instances)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import pyopencl as cl

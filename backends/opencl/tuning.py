@@ -15,7 +15,6 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from backends.opencl.builder import ProgramBuilder
 from backends.opencl.cl_errors import backend_error
@@ -23,12 +22,10 @@ from backends.opencl.plan import KernelStep, Program
 from backends.opencl.source import Instance, family_digest
 from backends.opencl.stats import CompileStats
 
-if TYPE_CHECKING:
-    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
-_TIMED_RUNS = 3
+_TIMED_RUNS = 5
 _memory: dict[tuple[str, str], int] = {}  # (cache file or '', key) -> choice
 _memory_lock = threading.Lock()
 
@@ -65,7 +62,7 @@ class Tuner:
         out = []
         for step in program.steps:
             variants = step.variants if self.tunable(step) else step.variants[:1]
-            out += [Instance(step.family, step.entry, v.defines) for v in variants]
+            out += [Instance(step.family, v.entry or step.entry, v.defines) for v in variants]
         return out
 
     def choose(self, program: Program) -> list[int]:
@@ -106,7 +103,7 @@ class Tuner:
         instances: list[Instance] = []
         for index in pending:
             step = program.steps[index]
-            instances += [Instance(step.family, step.entry, v.defines) for v in step.variants]
+            instances += [Instance(step.family, v.entry or step.entry, v.defines) for v in step.variants]
         # Normally already in the kernel library (see instances()): no build here.
         kernels = iter(self.builder.kernels(instances, self.options, "tuning candidates"))
         queue = handle.new_queue(profiling=True)

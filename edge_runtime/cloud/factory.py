@@ -28,7 +28,7 @@ from edge_runtime.cloud.choice import SplitProfile, profile_cuts
 from edge_runtime.cloud.client import CloudClient
 from edge_runtime.cloud.config import CloudModelConfig
 from edge_runtime.cloud.manifest import tail_model_name
-from edge_runtime.cloud.plans import AutoSplitPlan, CloudPlan, CloudSpeed, SplitPlan
+from edge_runtime.cloud.plans import AutoSplitPlan, CallHook, CloudPlan, CloudSpeed, SplitPlan
 from edge_runtime.cloud.split import ModelCutter
 from edge_runtime.errors import CloudError
 
@@ -49,8 +49,11 @@ def runtime_compiler(runtime: Any) -> Compiler:
 
 def cloud_plans(model: "onnx.ModelProto", config: CloudModelConfig, client: CloudClient, compile: Compiler, *,
                 speed: CloudSpeed | None = None, repeat: int = 10, threads: int | None = None,
-                probe_interval_s: float = 2.0, bandwidth_stale_s: float = 5.0) -> dict[str, Any]:
+                probe_interval_s: float = 2.0, bandwidth_stale_s: float = 5.0,
+                on_call: CallHook | None = None) -> dict[str, Any]:
     """The plans ``config.mode`` asks for, keyed by plan name (empty for ``never``).
+
+    ``on_call`` (optional) hears every cloud call's outcome (see ``plans.py``).
 
     Raises CloudError when ``split_at = "auto"`` finds no candidate tail on the
     peer, InvalidInputError for an unknown ``split_at`` name.
@@ -64,11 +67,12 @@ def cloud_plans(model: "onnx.ModelProto", config: CloudModelConfig, client: Clou
     if config.mode in ("fallback", "always"):
         profile = profile_cuts(cutter, [], feeds, repeat=repeat, threads=threads)
         return {"cloud": CloudPlan(client, config.remote_model, local_ms=profile.local_total_ms,
-                                   io_bytes=profile.input_bytes + profile.output_bytes, speed=speed)}
+                                   io_bytes=profile.input_bytes + profile.output_bytes, speed=speed,
+                                   on_call=on_call)}
     if config.split_at != "auto":
         cut = cutter.resolve(config.split_at)
         profile = profile_cuts(cutter, [cut], feeds, repeat=repeat, threads=threads)
-        plan = _split_plan(cutter, profile, cut.index, client, config.remote_model, compile, speed)
+        plan = _split_plan(cutter, profile, cut.index, client, config.remote_model, compile, speed, on_call)
         return {plan.name: plan}
     cuts = [cut for cut in cutter.candidates()
             if client.ready(tail_model_name(config.remote_model, cut.index))]
@@ -80,7 +84,7 @@ def cloud_plans(model: "onnx.ModelProto", config: CloudModelConfig, client: Clou
     plans: dict[str, Any] = {}
     for cut in cuts:
         plan = _split_plan(cutter, profile, cut.index, client, tail_model_name(config.remote_model, cut.index),
-                           compile, speed)
+                           compile, speed, on_call)
         plans[plan.name] = plan
     plans["split"] = AutoSplitPlan(dict(plans), profile, client, speed, probe_interval_s=probe_interval_s,
                                    bandwidth_stale_s=bandwidth_stale_s)
@@ -88,10 +92,10 @@ def cloud_plans(model: "onnx.ModelProto", config: CloudModelConfig, client: Clou
 
 
 def _split_plan(cutter: ModelCutter, profile: SplitProfile, index: int, client: CloudClient, remote_model: str,
-                compile: Compiler, speed: CloudSpeed) -> SplitPlan:
+                compile: Compiler, speed: CloudSpeed, on_call: CallHook | None) -> SplitPlan:
     cost = profile.cost_of(index)
     assert cost is not None, "profiled cuts and built plans come from the same list"
     head, tail = cutter.extract(cost.cut)
     return SplitPlan(cost, compile(head), client, remote_model, local_total_ms=profile.local_total_ms,
-                     speed=speed, tail_local=compile(tail))
+                     speed=speed, tail_local=compile(tail), on_call=on_call)
 

@@ -56,7 +56,9 @@ class RoutedResult:
     ``plan``: the plan that produced the outputs (``local``, ``cloud``, ``split@k``);
     ``fallback``: why the first route did not answer (None when it did);
     ``retried``: the cloud call was re-tried after failures that never reached the peer;
-    ``ran_twice``: it may have run twice (sent to the cloud, answer lost, then run locally).
+    ``ran_twice``: it may have run twice (sent to the cloud, answer lost, then run locally);
+    ``local_result``: the local runner's own result (for example the scheduler's
+    ``InferenceResult``, with its plan and timings) when the outputs came from it.
     """
 
     outputs: dict[str, np.ndarray]
@@ -67,6 +69,7 @@ class RoutedResult:
     retried: bool = False
     ran_twice: bool = False
     cloud_attempts: int = 0
+    local_result: Any = None
 
 
 class FallbackPolicy:
@@ -119,46 +122,53 @@ class CloudRouter:
         self.cloud = cloud
         self.local_estimate_ms = local_estimate_ms
 
-    async def infer(self, feeds: Mapping[str, np.ndarray]) -> RoutedResult:
-        """Outputs of one request; raises the local error, or the cloud's when nothing else can answer."""
+    async def infer(self, feeds: Mapping[str, np.ndarray], *, request_id: str | None = None,
+                    local_options: Mapping[str, Any] | None = None) -> RoutedResult:
+        """Outputs of one request; raises the local error, or the cloud's when nothing else can answer.
+
+        ``request_id`` goes with the cloud call; ``local_options`` are keyword arguments for the
+        local runner (the scheduler's ``priority``, ``timeout_ms``, ``request_id``).
+        """
+        call = _Call(feeds, request_id, dict(local_options or {}))
         route = self.policy.route(local_available=self.local is not None,
                                   local_estimate_ms=self.local_estimate_ms())
         if self.cloud is None and route.target == "cloud":
             route = Route("local", f"{route.reason}, but the model has no cloud plan")
         if route.target == "cloud":
-            return await self._cloud_first(feeds, route)
+            return await self._cloud_first(call, route)
         try:
-            return await self._run_local(feeds, route.reason)
+            return await self._run_local(call, route.reason)
         except LOCAL_FAILURES as exc:
             retry = self.policy.after_local_failure(exc) if self.cloud is not None else None
             if retry is None:
                 raise
             log.warning("local run failed (%s); sending the request to the cloud", exc)
-            result = await self._run_cloud(feeds, retry, local_fallback=False)
+            result = await self._run_cloud(call, retry, local_fallback=False)
             return _with(result, fallback=f"local: {exc}")
 
-    async def _run_local(self, feeds: Mapping[str, np.ndarray], reason: str) -> RoutedResult:
+    async def _run_local(self, call: "_Call", reason: str) -> RoutedResult:
         assert self.local is not None
-        result = await self.local(feeds)
+        result = await self.local(call.feeds, **call.local_options)
         outputs = getattr(result, "outputs", result)
-        return RoutedResult(dict(outputs), "local", "local", reason)
+        return RoutedResult(dict(outputs), "local", "local", reason, local_result=result)
 
-    async def _cloud_first(self, feeds: Mapping[str, np.ndarray], route: Route) -> RoutedResult:
+    async def _cloud_first(self, call: "_Call", route: Route) -> RoutedResult:
         try:
-            return await self._run_cloud(feeds, route, local_fallback=True)
+            return await self._run_cloud(call, route, local_fallback=True)
         except CloudCallError as exc:
             if self.local is None:
                 raise
             log.warning("cloud failed (%s); running the request locally", exc)
-            result = await self._run_local(feeds, route.reason)
+            result = await self._run_local(call, route.reason)
             return _with(result, fallback=f"cloud: {exc}", retried=exc.attempts > 1, ran_twice=exc.maybe_ran,
                          cloud_attempts=exc.attempts)
 
-    async def _run_cloud(self, feeds: Mapping[str, np.ndarray], route: Route, *, local_fallback: bool) -> RoutedResult:
+    async def _run_cloud(self, call: "_Call", route: Route, *, local_fallback: bool) -> RoutedResult:
         loop = asyncio.get_running_loop()
+        feeds, request_id = call.feeds, call.request_id
         if hasattr(self.cloud, "execute"):  # split plans: the tail may finish locally
             split = await loop.run_in_executor(
-                None, lambda: self.cloud.execute(feeds, finish_locally=local_fallback))
+                None, lambda: self.cloud.execute(feeds, finish_locally=local_fallback, request_id=request_id))
             if split.error is not None:
                 return RoutedResult(split.outputs, "local", split.plan, route.reason,
                                     fallback=f"cloud tail: {split.error}", retried=split.error.attempts > 1,
@@ -166,9 +176,18 @@ class CloudRouter:
             assert split.call is not None
             return RoutedResult(split.outputs, "split", split.plan, route.reason, retried=split.call.retried,
                                 cloud_attempts=split.call.attempts)
-        call = await loop.run_in_executor(None, self.cloud.call, feeds)
-        return RoutedResult(call.outputs, "cloud", "cloud", route.reason, retried=call.retried,
-                            cloud_attempts=call.attempts)
+        answered = await loop.run_in_executor(None, self.cloud.call, feeds, request_id)
+        return RoutedResult(answered.outputs, "cloud", "cloud", route.reason, retried=answered.retried,
+                            cloud_attempts=answered.attempts)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One request as the router passes it along."""
+
+    feeds: Mapping[str, np.ndarray]
+    request_id: str | None
+    local_options: Mapping[str, Any]
 
 
 def _with(result: RoutedResult, **changes: Any) -> RoutedResult:

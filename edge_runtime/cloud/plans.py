@@ -12,7 +12,10 @@ cloud fails it finishes the tail locally from the head's outputs (no head
 re-run) and reports where each part ran.
 
 Every call teaches the shared ``NetworkEstimator`` (RTT, bandwidth) and the
-``CloudSpeed`` (how much faster the peer computes than this device).
+``CloudSpeed`` (how much faster the peer computes than this device), and is
+reported to the optional ``on_call`` hook with its outcome: ``"ok"``, or the
+``CloudCallError.kind`` of a failure (``"refused"``, ``"timeout"``,
+``"breaker_open"``, ...), for the server's call counters.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -32,6 +35,8 @@ from edge_runtime.cloud.network import SMALL_BYTES
 from edge_runtime.cloud.split import Cut
 
 log = logging.getLogger(__name__)
+
+CallHook = Callable[[str], None]  # called with each cloud call's outcome: "ok" or the error's kind
 
 
 class CloudSpeed:
@@ -61,6 +66,20 @@ class CloudSpeed:
         return local_ms / self.speedup
 
 
+def _call(client: CloudClient, model: str, feeds: Mapping[str, np.ndarray], request_id: str | None,
+          on_call: CallHook | None) -> CloudCall:
+    """``client.infer``, reporting the outcome to ``on_call``."""
+    try:
+        call = client.infer(model, feeds, request_id=request_id)
+    except CloudCallError as exc:
+        if on_call is not None:
+            on_call(exc.kind)
+        raise
+    if on_call is not None:
+        on_call("ok")
+    return call
+
+
 def _learn(client: CloudClient, speed: CloudSpeed, call: CloudCall, local_equivalent_ms: float) -> None:
     speed.observe(local_equivalent_ms, call.server_ms)
     server_ms = call.server_ms if call.server_ms is not None else speed.cloud_ms(local_equivalent_ms)
@@ -75,15 +94,16 @@ class CloudPlan:
     device = "cloud"
 
     def __init__(self, client: CloudClient, remote_model: str, *, local_ms: float, io_bytes: int,
-                 speed: CloudSpeed | None = None) -> None:
+                 speed: CloudSpeed | None = None, on_call: CallHook | None = None) -> None:
         self.client = client
         self.remote_model = remote_model
         self.local_ms = local_ms  # this device's time for the whole model: the cloud's work in local units
         self.io_bytes = io_bytes
         self.speed = speed or CloudSpeed()
+        self.on_call = on_call
 
     def call(self, feeds: Mapping[str, np.ndarray], request_id: str | None = None) -> CloudCall:
-        call = self.client.infer(self.remote_model, feeds, request_id=request_id)
+        call = _call(self.client, self.remote_model, feeds, request_id, self.on_call)
         _learn(self.client, self.speed, call, self.local_ms)
         return call
 
@@ -127,7 +147,7 @@ class SplitPlan:
 
     def __init__(self, cost: CutCost, head: Executable, client: CloudClient, remote_model: str, *,
                  local_total_ms: float, speed: CloudSpeed | None = None,
-                 tail_local: Executable | None = None) -> None:
+                 tail_local: Executable | None = None, on_call: CallHook | None = None) -> None:
         self.cost = cost
         self.cut: Cut = cost.cut
         self.name = self.cut.name
@@ -137,6 +157,7 @@ class SplitPlan:
         self.remote_model = remote_model
         self.local_total_ms = local_total_ms
         self.speed = speed or CloudSpeed()
+        self.on_call = on_call
 
     @property
     def tail_local_ms(self) -> float:
@@ -156,7 +177,7 @@ class SplitPlan:
         """Run head then tail; on a cloud failure finish the tail here when possible, else raise it."""
         crossing, finished = self._head(feeds)
         try:
-            call = self.client.infer(self.remote_model, crossing, request_id=request_id)
+            call = _call(self.client, self.remote_model, crossing, request_id, self.on_call)
         except CloudCallError as exc:
             if not finish_locally or self.tail_local is None:
                 raise

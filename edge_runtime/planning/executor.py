@@ -154,7 +154,8 @@ class PlanExecutor:
 
     def _fall_back(self, k: int, feeds: dict[str, np.ndarray], exc: BaseException, reason: str) -> dict[str, np.ndarray]:
         stage = self.stages[k]
-        self.fallbacks[FallbackKey(f"stage{k}", stage.backend, reason)] += 1
+        with self._fallback_lock:  # Counter updates are not atomic; stages run in several threads
+            self.fallbacks[FallbackKey(f"stage{k}", stage.backend, reason)] += 1
         log.warning("plan %s: stage %d on %s failed (%s); re-running it on %s for this request",
                     self.name, k, stage.backend, exc, self.host)
         try:
@@ -192,7 +193,8 @@ class PlanExecutor:
             stages.append(entry)
         return {"backend": "+".join(self.backends), "plan": self.name, "est_ms": self.estimated_ms, "stages": stages,
                 "fallbacks": [{"stage": key.stage, "backend": key.backend, "reason": key.reason, "count": n}
-                              for key, n in sorted(self.fallbacks.items(), key=lambda kv: kv[0].stage)]}
+                              for key, n in sorted(self.fallbacks.items(),
+                                                   key=lambda kv: (int(kv[0].stage[len("stage"):]), kv[0].reason))]}
 
     def close(self) -> None:
         for stage in self.stages:

@@ -24,7 +24,7 @@ from edge_runtime.planning import partitioner
 from edge_runtime.planning.cost import BackendSpeed, bound_input_shapes, bound_tensor_specs, node_cost, tensor_bytes
 from edge_runtime.planning.executor import CompiledStage, PlanExecutor
 from edge_runtime.planning.graph import GraphView, outer_scope_names, prepare
-from edge_runtime.planning.layout import CostTable, Partition, StageSpec, layout
+from edge_runtime.planning.layout import CostTable, Partition, StageSpec, layout, stage_spec
 from edge_runtime.planning.stages import StageExtractor
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ class Planner:
         self.backends = {name: backends[name] for name in (host, accelerator) if name is not None}
         self.prepared = prepare(model)
         self.view = GraphView(self.prepared.model)
-        self.table = _cost_table(self.prepared.model, self.backends, speeds, input_shapes, self.backends[host])
+        self.speeds = {name: speeds[name] for name in self.backends}
+        self.claims = _claims(self.prepared.model, self.backends)
+        self.table = self._table(input_shapes)
         self._extractor: StageExtractor | None = None
         self._first_reader: dict[str, int] = {}
         for index, node in enumerate(self.prepared.model.graph.node):
@@ -94,26 +96,40 @@ class Planner:
             candidates.insert(0, layout(view, table, [host] * len(view)))
         return PlanLayout(name, min(candidates, key=lambda p: p.latency_s))
 
-    def describe(self, layout: PlanLayout) -> dict[str, Any]:
-        part = layout.partition
-        return {"name": layout.name, "backends": list(part.backends), "est_ms": round(part.latency_s * 1e3, 4),
+    def estimate_ms(self, plan: PlanLayout, input_shapes: Mapping[str, Sequence[int]]) -> float:
+        """Estimated latency of ``plan``'s stages at other input sizes (say, a batch the batcher forms)."""
+        table = self._table(input_shapes)
+        return sum(stage_spec(self.view, table, s.backend, s.nodes).est_s for s in plan.partition.stages) * 1e3
+
+    def describe(self, plan: PlanLayout) -> dict[str, Any]:
+        part = plan.partition
+        return {"name": plan.name, "backends": list(part.backends), "est_ms": round(part.latency_s * 1e3, 4),
                 "bottleneck_ms": round(part.bottleneck_s * 1e3, 4),
                 "stages": [{**s.to_dict(self.view, self.table),
                             "node_count": len(s.nodes) + self._lifted_owned(s)} for s in part.stages]}
 
-    def compile(self, layout: PlanLayout, options: CompileOptions) -> PlanExecutor:
+    def compile(self, plan: PlanLayout, options: CompileOptions) -> PlanExecutor:
         """Compile every stage on its backend; a stage the accelerator cannot compile goes to the host."""
-        stages = layout.partition.stages
+        stages = plan.partition.stages
         compiled = []
         for k, stage in enumerate(stages):
             if len(stages) == 1:
                 compiled.append(self._whole_model(stage, options))
             else:
-                compiled.append(self._stage(layout.name, k, stage, options))
+                compiled.append(self._stage(plan.name, k, stage, options))
         host = self.backends[self.host]
-        return PlanExecutor(layout.name, compiled, graph_inputs(self.model), graph_outputs(self.model),
+        return PlanExecutor(plan.name, compiled, graph_inputs(self.model), graph_outputs(self.model),
                             host=self.host, compile_fallback=lambda sub: host.compile(sub, options),
-                            estimated_ms=round(layout.partition.latency_s * 1e3, 4))
+                            estimated_ms=round(plan.partition.latency_s * 1e3, 4))
+
+    def _table(self, input_shapes: Mapping[str, Sequence[int]] | None) -> CostTable:
+        model = self.prepared.model
+        bound = bound_tensor_specs(model, bound_input_shapes(graph_inputs(model), input_shapes),
+                                   probe=self.backends[self.host])
+        costs = [node_cost(node, bound) for node in model.graph.node]
+        return CostTable(node_s={name: tuple(speed.node_s(c) for c in costs) for name, speed in self.speeds.items()},
+                         claims=self.claims, tensor_bytes={name: tensor_bytes(spec) or 0 for name, spec in bound.items()},
+                         speeds=self.speeds)
 
     def _whole_model(self, stage: StageSpec, options: CompileOptions) -> CompiledStage:
         executable = self.backends[stage.backend].compile(self.model, options)
@@ -154,17 +170,11 @@ def _on(stage: StageSpec, backend: str) -> StageSpec:
     return replace(stage, backend=backend, copy_bytes=0, copy_s=0.0, exchange_s=0.0)
 
 
-def _cost_table(model: "onnx.ModelProto", backends: Mapping[str, Backend], speeds: Mapping[str, BackendSpeed],
-                input_shapes: Mapping[str, Sequence[int]] | None, host: Backend) -> CostTable:
-    symbolic = tensor_specs(model)
-    bound = bound_tensor_specs(model, bound_input_shapes(graph_inputs(model), input_shapes), probe=host)
-    costs = [node_cost(node, bound) for node in model.graph.node]
-    claims = {}
-    for name, backend in backends.items():
-        claims[name] = frozenset(i for i, node in enumerate(model.graph.node) if _supports(backend, node, symbolic))
-    sizes = {name: tensor_bytes(spec) or 0 for name, spec in bound.items()}
-    return CostTable(node_s={name: tuple(speeds[name].node_s(c) for c in costs) for name in backends},
-                     claims=claims, tensor_bytes=sizes, speeds={name: speeds[name] for name in backends})
+def _claims(model: "onnx.ModelProto", backends: Mapping[str, Backend]) -> dict[str, frozenset[int]]:
+    """Indices of the nodes each backend claims, asked with the model's symbolic shapes."""
+    specs = tensor_specs(model)
+    return {name: frozenset(i for i, node in enumerate(model.graph.node) if _supports(backend, node, specs))
+            for name, backend in backends.items()}
 
 
 def _supports(backend: Backend, node: "onnx.NodeProto", specs: Mapping[str, Any]) -> bool:

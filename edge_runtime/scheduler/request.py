@@ -1,4 +1,4 @@
-"""A queued request and the result handed back to the caller."""
+"""A queued request, the result handed back to the caller, and why a plan failed on the way."""
 
 from __future__ import annotations
 
@@ -25,11 +25,29 @@ class InferenceResult:
     batch_size: int = 1
     request_id: str | None = None
     fallback: str | None = None  # why a plan's stage re-ran elsewhere, if it did
+    # Set from the failed plan's error when the request re-ran on cpu (a cloud call's error says both):
+    retried: bool = False  # the failed call had been re-tried (after failures that never reached the peer)
+    ran_twice: bool = False  # the failed plan may have run it too (sent to the peer, answer lost)
 
     def timing(self) -> dict[str, Any]:
         return {"plan": self.plan, "backends": list(self.backends), "queue_ms": round(self.queue_ms, 3),
                 "compute_ms": round(self.compute_ms, 3), "batch_size": self.batch_size,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "retried": self.retried, "ran_twice": self.ran_twice}
+
+
+@dataclass(frozen=True)
+class PlanFailure:
+    """Why a plan's run failed and re-ran on cpu. A cloud call's error (``CloudCallError``) says
+    whether it had been re-tried (``attempts`` > 1) and whether the peer may have run it (``maybe_ran``)."""
+
+    reason: str
+    retried: bool = False
+    maybe_ran: bool = False
+
+    @classmethod
+    def of(cls, plan: str, exc: BaseException) -> "PlanFailure":
+        return cls(f"plan {plan!r} failed: {exc}", retried=getattr(exc, "attempts", 1) > 1,
+                   maybe_ran=bool(getattr(exc, "maybe_ran", False)))
 
 
 @dataclass(order=True)

@@ -10,8 +10,10 @@ to the worker's thread, so the event loop never blocks. (No dispatcher task:
 each hop through the loop costs tens of microseconds on a small core.) A
 request whose deadline passes while queued is answered with
 ``DeadlineExceededError`` and never run. A plan that fails with BackendError
-is re-run on the cpu plan (counted as a fallback). Every result says which
-plan and backends ran it, how long it queued and computed, and the batch size.
+is re-run on the cpu plan (counted as a fallback; the result's ``retried`` and
+``ran_twice`` come from the failed plan's error, so a cloud call that may have
+run on the peer is never re-run silently). Every result says which plan and
+backends ran it, how long it queued and computed, and the batch size.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import Plan, plan_device, plan_kind
 from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, make_policy
 from edge_runtime.scheduler.queue import RequestQueue
-from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
+from edge_runtime.scheduler.request import InferenceResult, PlanFailure, QueuedRequest
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
 
@@ -106,6 +108,10 @@ class ModelScheduler:
             self._timer = None
         if self._own_workers:
             self._workers.close()
+        self.discard()
+
+    def discard(self) -> None:
+        """Close the models this scheduler owns (``close`` drains first; this alone suits one never started)."""
         for resource in self._owned:
             resource.close()
         self._owned.clear()
@@ -243,7 +249,7 @@ class ModelScheduler:
         self.in_flight -= len(batch)
         worker.release()
         try:
-            parts, started, finished, ran, fallback = done.result()
+            parts, started, finished, ran, failure = done.result()
         except Exception as exc:  # hand every failure to its callers, keep serving others
             self.counters["failures"] += len(batch)
             self.policy.observe(decision.plan, 0.0, sum(rows), reading, ok=False)
@@ -251,6 +257,7 @@ class ModelScheduler:
                 if not entry.future.done():
                     entry.future.set_exception(exc)
         else:
+            fallback = failure.reason if failure is not None else None
             compute_ms = (finished - started) * 1e3
             self.policy.observe(decision.plan, compute_ms, sum(rows), reading, ok=fallback is None)
             self._sizer.observe(sum(rows), compute_ms)
@@ -261,7 +268,9 @@ class ModelScheduler:
                     entry.future.set_result(InferenceResult(
                         outputs=outputs, plan=ran, backends=tuple(plan.backends),
                         queue_ms=(started - entry.enqueued_at) * 1e3, compute_ms=compute_ms,
-                        batch_size=sum(rows), request_id=entry.request_id, fallback=fallback))
+                        batch_size=sum(rows), request_id=entry.request_id, fallback=fallback,
+                        retried=failure is not None and failure.retried,
+                        ran_twice=failure is not None and failure.maybe_ran))
         self._pump()
 
     def _count(self, decision: Decision, requests: int, rows: int, fallback: str | None) -> None:
@@ -274,23 +283,24 @@ class ModelScheduler:
             self.counters["fallbacks"] += requests
             self.counters[f"fallback:{decision.plan}"] += requests
 
-    def _execute(self, plan_name: str, feeds: list[dict], rows: list[int]) -> tuple[list[dict], float, float, str, str | None]:
+    def _execute(self, plan_name: str, feeds: list[dict],
+                 rows: list[int]) -> tuple[list[dict], float, float, str, PlanFailure | None]:
         """Worker thread: join, run (falling back to the cpu plan on BackendError), split."""
         started = time.monotonic()
         joined = join_feeds(feeds)
-        ran, fallback = plan_name, None
+        ran, failure = plan_name, None
         try:
             outputs = self.plans[plan_name].run(joined)
         except BackendError as exc:
             if self._cpu_plan is None or self._cpu_plan == plan_name:
                 raise
             log.warning("model %s: plan %s failed (%s); re-running on %s", self.name, plan_name, exc, self._cpu_plan)
-            ran, fallback = self._cpu_plan, f"plan {plan_name!r} failed: {exc}"
+            ran, failure = self._cpu_plan, PlanFailure.of(plan_name, exc)
             outputs = self.plans[ran].run(joined)
         if self._monitor is not None and self._devices[plan_name] == "gpu":
             self._monitor.note_gpu_busy(started, time.monotonic())
         parts = split_outputs(outputs, rows)
-        return parts, started, time.monotonic(), ran, fallback
+        return parts, started, time.monotonic(), ran, failure
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics. Flat integer counters (present once non-zero):

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 def create_app(config: ServerConfig, repository: ModelRepository) -> web.Application:
     """The app serving ``repository``; models load on startup and drain on cleanup.
 
-    The caller owns the repository's ``Runtime`` and closes it after the app.
+    Startup opens the repository's shared LoadMonitor and CloudClient; cleanup
+    closes them after the models drained. The caller owns the repository's
+    ``Runtime`` and closes it after the app.
     """
     stats = InferenceStats()
     tasks = TaskStore(config.task_ttl_s, config.max_tasks, config.max_task_bytes, config.overload_status)
@@ -39,6 +41,7 @@ def create_app(config: ServerConfig, repository: ModelRepository) -> web.Applica
 
 async def _serve_models(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
+    state.repository.start()
     await state.repository.load_all()
     state.ready = True
     log.info("ready: %d model version(s) served", len(state.repository.served()))

@@ -1,4 +1,4 @@
-"""Server settings: the ``[server]`` and ``[runtime]`` tables of ``--config FILE.toml``.
+"""Server settings: the ``[server]``, ``[runtime]``, ``[load]`` and ``[cloud]`` tables of ``--config FILE.toml``.
 
 ```toml
 [server]
@@ -16,10 +16,17 @@ max_task_bytes = 67108864   # bytes of kept async results (oldest finished evict
 default_priority_level = 5  # Triton: requests without a priority get this level
 [runtime]
 intra_op_threads = 0
+[load]                      # the server's one LoadMonitor (edge_runtime.load_monitor.LoadConfig)
+sample_interval_ms = 250
+pin_gpu_busy = 0.9          # override a reading (operators, tests): pin_cpu_busy, pin_mem_used_fraction
+[cloud]                     # the cloud peer every model may use (edge_runtime.cloud.config.CloudConfig)
+url = "https://inference.example.com"
+token_env = "EDGE_RUNTIME_CLOUD_TOKEN"
 ```
 Precedence: command line > ``EDGE_RUNTIME_<KEY>`` environment (``EDGE_RUNTIME_PORT``,
 ``EDGE_RUNTIME_HOST``, ...) > file > defaults. The token comes from ``token``, else
-from the environment variable named by ``token_env``.
+from the environment variable named by ``token_env``; the cloud token only from the
+variable ``[cloud] token_env`` names. Without ``[cloud]`` no model goes to a cloud.
 """
 
 from __future__ import annotations
@@ -31,8 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from edge_runtime.cloud.config import CloudConfig, cloud_config
 from edge_runtime.config import RuntimeConfig, from_mapping, load_toml, runtime_config
 from edge_runtime.errors import ConfigError
+from edge_runtime.load_monitor import LoadConfig, load_config
+
+TABLES = ("cloud", "load", "runtime", "server")
 
 MIB = 1024 * 1024
 
@@ -76,6 +87,8 @@ class ServerConfig:
 class Settings:
     server: ServerConfig
     runtime: RuntimeConfig
+    load: LoadConfig = field(default_factory=LoadConfig)
+    cloud: CloudConfig | None = None  # None: no cloud peer configured
 
 
 def is_loopback(host: str) -> bool:
@@ -101,9 +114,12 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
     env = os.environ if env is None else env
     document = load_toml(config_path) if config_path else {}
     where = str(config_path or "settings")
-    unknown = sorted(set(document) - {"server", "runtime"})
+    unknown = sorted(set(document) - set(TABLES))
     if unknown:
-        raise ConfigError(f"{where}: unknown table(s) {unknown}; known: ['runtime', 'server']")
+        raise ConfigError(f"{where}: unknown table(s) {unknown}; known: {list(TABLES)}")
+    for table in TABLES:
+        if not isinstance(document.get(table, {}), Mapping):
+            raise ConfigError(f"{where}: [{table}] must be a table")
     values = dict(document.get("server", {}))
     values.update(_env_values(env))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
@@ -116,7 +132,9 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
         raise ConfigError(
             f"refusing to listen on {server.host!r} without a token: set [server] token, or the "
             f"{server.token_env} environment variable (clients then send 'Authorization: Bearer <token>')")
-    return Settings(server, runtime_config(document.get("runtime", {}), env=env, where=where))
+    cloud = cloud_config(document["cloud"], env=env, where=where) if "cloud" in document else None
+    return Settings(server, runtime_config(document.get("runtime", {}), env=env, where=where),
+                    load_config(document.get("load"), where=where), cloud)
 
 
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:

@@ -37,7 +37,8 @@ async def serve(settings: Settings) -> int:
 
     from edge_runtime.runtime import Runtime
     from edge_runtime.server.app import create_app
-    from edge_runtime.server.repository import ModelRepository, demo_repository
+    from edge_runtime.server.layout import demo_repository
+    from edge_runtime.server.repository import ModelRepository
 
     config = settings.server
     runtime = Runtime(settings.runtime)
@@ -45,7 +46,8 @@ async def serve(settings: Settings) -> int:
         root = config.model_repository or demo_repository(settings.runtime.cache_dir)
         if config.model_repository is None:
             log.info("no --model-repository: serving the demo model as 'demo'")
-        repository = ModelRepository(root, runtime, drain_timeout_s=config.drain_timeout_s)
+        repository = ModelRepository(root, runtime, load=settings.load, cloud=settings.cloud,
+                                     drain_timeout_s=config.drain_timeout_s)
         app = create_app(config, repository)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
                                access_log=logging.getLogger("edge_runtime.server.access"))

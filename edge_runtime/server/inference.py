@@ -2,9 +2,16 @@
 
 ``prepare`` does everything that can fail on the client's side at once
 (model lookup, decoding, datatype and parameter checks) so a bad request is
-answered before anything is queued, async or not. ``execute`` queues the
-request on the model's ``ModelScheduler`` and encodes the result. Both record
-the outcome in the server's statistics.
+answered before anything is queued, async or not. ``execute`` hands the
+request to the version's ``Dispatcher`` (its scheduler, or its cloud router)
+and encodes the result. Both record the outcome in the server's statistics.
+
+Response ``parameters`` say where and how the request ran (values are strings,
+integers and booleans, as the protocol allows): ``plan``, ``backends`` (comma
+separated), ``ran_on`` (``local``, ``cloud`` or ``split``), ``queue_us``,
+``compute_us``, ``batch_size``, ``retried`` and ``ran_twice`` (see
+``InferenceResult``), and when they apply ``fallback`` (why the first plan or
+route did not answer) and ``route`` (the cloud router's reason).
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.scheduler import InferenceResult
 from edge_runtime.server.codec import (
     EncodedResponse,
     InferRequest,
@@ -26,8 +32,10 @@ from edge_runtime.server.codec import (
     feeds_for,
     schedule_parameters,
 )
+from edge_runtime.server.dispatch import Answer
 from edge_runtime.server.errors import mapping_of
-from edge_runtime.server.repository import LoadedVersion, check_model_name, parse_version
+from edge_runtime.server.layout import check_model_name, parse_version
+from edge_runtime.server.repository import LoadedVersion
 from edge_runtime.server.state import ServerState
 
 
@@ -69,14 +77,11 @@ async def execute(state: ServerState, prepared: PreparedInference) -> EncodedRes
     """Queue on the scheduler, wait, encode; raises QueueFullError, DeadlineExceededError, ..."""
     target = prepared.target
     try:
-        result = await target.scheduler.infer(prepared.feeds, priority=prepared.priority,
-                                              timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
-        timing = {"plan": result.plan, "backends": ",".join(result.backends),
-                  "queue_us": round(result.queue_ms * 1e3), "compute_us": round(result.compute_ms * 1e3),
-                  "batch_size": result.batch_size}
-        if result.fallback:
-            timing["fallback"] = result.fallback
-        response = encode_response(target.name, str(target.version), prepared.request, result.outputs, timing)
+        answer = await target.dispatcher.infer(prepared.feeds, priority=prepared.priority,
+                                               timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
+        result = answer.result
+        response = encode_response(target.name, str(target.version), prepared.request, result.outputs,
+                                   _parameters(answer))
     except asyncio.CancelledError:
         state.stats.record_failure(target.name, str(target.version), "CANCELED", _elapsed_ns(prepared.started_ns))
         raise
@@ -84,20 +89,21 @@ async def execute(state: ServerState, prepared: PreparedInference) -> EncodedRes
         _record_failure(state, target, exc, prepared.started_ns)
         raise
     state.stats.record_success(target.name, str(target.version), result, prepared.rows,
-                               _elapsed_ns(prepared.started_ns), _fallback_labels(target, result))
+                               _elapsed_ns(prepared.started_ns), answer.fallback_labels)
     return response
 
 
-def _fallback_labels(target: LoadedVersion, result: InferenceResult) -> tuple[str, str] | None:
-    """(backend that failed, short reason) of a result that fell back, for bounded metric labels."""
-    if not result.fallback:
-        return None
-    failed = next((plan for name, plan in target.scheduler.plans.items()
-                   if f"'{name}'" in result.fallback and name != result.plan), None)
-    backends = [b for b in (failed.backends if failed else ()) if b != "cpu"]
-    # The scheduler says "plan 'gpu' failed: <error>"; keep the error's first clause, bounded.
-    reason = result.fallback.split("failed:", 1)[-1].strip().split(":", 1)[0][:60] or "unknown"
-    return (",".join(backends) or (failed.name if failed else result.plan)), reason
+def _parameters(answer: Answer) -> dict[str, str | int | bool]:
+    result = answer.result
+    parameters: dict[str, str | int | bool] = {
+        "plan": result.plan, "backends": ",".join(result.backends), "ran_on": answer.ran_on,
+        "queue_us": round(result.queue_ms * 1e3), "compute_us": round(result.compute_ms * 1e3),
+        "batch_size": result.batch_size, "retried": result.retried, "ran_twice": result.ran_twice}
+    if result.fallback:
+        parameters["fallback"] = result.fallback
+    if answer.route:
+        parameters["route"] = answer.route
+    return parameters
 
 
 def _record_failure(state: ServerState, target: LoadedVersion, exc: BaseException, started_ns: int) -> None:

@@ -14,9 +14,19 @@ them the same). Our own counters are typed counters (``edge_runtime_plan_total``
 | nv_inference_queue_duration_us, nv_inference_compute_infer_duration_us, nv_inference_request_duration_us | cumulative µs |
 | edge_runtime_plan_total{model,version,plan} | requests per plan the scheduler chose |
 | edge_runtime_backend_fallback_total{model,backend,reason} | requests whose stage re-ran on cpu |
-| edge_runtime_cloud_calls_total{model,version} | requests a cloud stage answered |
-| edge_runtime_cpu_utilization, edge_runtime_memory_used_bytes, edge_runtime_memory_total_bytes, edge_runtime_load1 | device load (psutil) |
+| edge_runtime_cloud_calls_total{model,outcome} | cloud calls: outcome ``ok`` or the failure kind (refused, timeout, breaker_open, ...) |
+| edge_runtime_cloud_breaker_state{state} | 1 for the cloud circuit breaker's state (closed, open, half_open), 0 for the others |
+| edge_runtime_cloud_breaker_opened_total, edge_runtime_cloud_breaker_rejected_total | times it opened; calls it refused |
+| edge_runtime_cpu_utilization, edge_runtime_cpu_utilization_own | CPU busy share, all and ours (the LoadMonitor's reading) |
+| edge_runtime_gpu_busy{source}, edge_runtime_gpu_busy_own | GPU busy share (driver counter or our own occupancy) |
+| edge_runtime_memory_used_fraction, edge_runtime_memory_stall_fraction | memory in use; PSI share of time stalled on memory |
+| edge_runtime_thermal_headroom_celsius, edge_runtime_thermal_throttled | lowest trip point minus temperature; 1 when reached |
+| edge_runtime_load_pinned{reading} | 1 for each reading an operator pinned (``[load] pin_*``) |
+| edge_runtime_memory_used_bytes, edge_runtime_memory_total_bytes, edge_runtime_load1 | device memory and load average (psutil) |
 | edge_runtime_async_tasks{status} | async tasks kept now |
+
+The load gauges show the LoadMonitor's latest reading, the very numbers the
+scheduling policies decide on; a reading the device cannot give is left out.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = ("model", "version")
+BREAKER_STATES = ("closed", "open", "half_open")
 
 # Triton name -> (help, value of a version's stats)
 _TRITON_COUNTERS: dict[str, tuple[str, Callable[["VersionStats"], float]]] = {
@@ -59,11 +70,12 @@ class ServerCollector:
         self._repository = repository
         self._task_counts = task_counts
         self._psutil = psutil
-        psutil.cpu_percent(interval=None)  # prime: the first reading is always 0.0
 
     def collect(self) -> Iterable[Metric]:
         yield from self._triton()
         yield from self._ours()
+        yield from self._cloud()
+        yield from self._load()
         yield from self._device()
 
     def _items(self) -> list[tuple[tuple[str, str], "VersionStats"]]:
@@ -87,7 +99,7 @@ class ServerCollector:
         pending = GaugeMetricFamily("nv_inference_pending_request_count",
                                     "Instantaneous number of pending requests awaiting execution", labels=LABELS)
         for served in self._repository.served():
-            pending.add_metric([served.name, str(served.version)], served.scheduler.pending)
+            pending.add_metric([served.name, str(served.version)], served.dispatcher.pending)
         yield pending
 
     def _ours(self) -> Iterable[Metric]:
@@ -97,7 +109,6 @@ class ServerCollector:
         fallbacks = CounterMetricFamily("edge_runtime_backend_fallback",
                                         "Requests whose backend stage failed and re-ran on cpu",
                                         labels=("model", "backend", "reason"))
-        cloud = CounterMetricFamily("edge_runtime_cloud_calls", "Requests a cloud stage answered", labels=LABELS)
         fallback_totals: dict[tuple[str, str, str], int] = {}
         for (model, version), stats in items:
             for plan, count in sorted(stats.plans.items()):
@@ -105,19 +116,65 @@ class ServerCollector:
             for (backend, reason), count in stats.fallbacks.items():
                 key = (model, backend, reason)
                 fallback_totals[key] = fallback_totals.get(key, 0) + count
-            cloud.add_metric([model, version], stats.cloud_calls)
         for key, count in sorted(fallback_totals.items()):
             fallbacks.add_metric(list(key), count)
         tasks = GaugeMetricFamily("edge_runtime_async_tasks", "Async tasks kept, by status", labels=("status",))
         for status, count in sorted(self._task_counts().items()):
             tasks.add_metric([status], count)
-        yield from (plans, fallbacks, cloud, tasks)
+        yield from (plans, fallbacks, tasks)
+
+    def _cloud(self) -> Iterable[Metric]:
+        services = self._repository.services
+        calls = CounterMetricFamily("edge_runtime_cloud_calls", "Cloud calls by outcome (ok or the failure kind)",
+                                    labels=("model", "outcome"))
+        for (model, outcome), count in services.cloud_calls.items() if services is not None else ():
+            calls.add_metric([model, outcome], count)
+        yield calls
+        if services is None or services.cloud is None:
+            return
+        breaker = services.cloud.breaker.snapshot()
+        state = GaugeMetricFamily("edge_runtime_cloud_breaker_state", "1 for the cloud circuit breaker's state",
+                                  labels=("state",))
+        for name in BREAKER_STATES:
+            state.add_metric([name], 1.0 if breaker.state == name else 0.0)
+        yield state
+        yield CounterMetricFamily("edge_runtime_cloud_breaker_opened", "Times the cloud circuit breaker opened",
+                                  value=breaker.opened)
+        yield CounterMetricFamily("edge_runtime_cloud_breaker_rejected",
+                                  "Cloud calls the open circuit breaker refused", value=breaker.rejected)
+
+    def _load(self) -> Iterable[Metric]:
+        services = self._repository.services
+        if services is None:
+            return
+        reading = services.monitor.reading
+        gauges = (("edge_runtime_cpu_utilization", "CPU busy share of the device, 0..1", reading.cpu_busy),
+                  ("edge_runtime_cpu_utilization_own", "This process's share of the CPU, 0..1", reading.cpu_busy_own),
+                  ("edge_runtime_gpu_busy_own", "GPU busy share from this process's own runs, 0..1",
+                   reading.gpu_busy_own),
+                  ("edge_runtime_memory_used_fraction", "Device memory in use, 0..1", reading.mem_used_fraction),
+                  ("edge_runtime_memory_stall_fraction", "Share of time tasks stalled on memory (PSI some avg10)",
+                   reading.mem_stall_fraction),
+                  ("edge_runtime_thermal_headroom_celsius", "Lowest thermal trip point minus its zone's temperature",
+                   reading.thermal_headroom_c))
+        for name, doc, value in gauges:
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=value)
+        if reading.gpu_busy is not None:
+            gpu = GaugeMetricFamily("edge_runtime_gpu_busy", "GPU busy share, 0..1", labels=("source",))
+            gpu.add_metric([reading.gpu_busy_source], reading.gpu_busy)
+            yield gpu
+        if reading.thermal_headroom_c is not None:
+            yield GaugeMetricFamily("edge_runtime_thermal_throttled", "1 when a thermal zone reached its trip point",
+                                    value=1.0 if reading.throttled else 0.0)
+        pinned = GaugeMetricFamily("edge_runtime_load_pinned", "1 for each load reading pinned by configuration",
+                                   labels=("reading",))
+        for name in reading.pinned:
+            pinned.add_metric([name], 1.0)
+        yield pinned
 
     def _device(self) -> Iterable[Metric]:
         memory = self._psutil.virtual_memory()
-        yield GaugeMetricFamily("edge_runtime_cpu_utilization",
-                                "CPU utilisation of the device since the last scrape, 0..1",
-                                value=self._psutil.cpu_percent(interval=None) / 100.0)
         yield GaugeMetricFamily("edge_runtime_memory_used_bytes", "Device memory in use", value=memory.used)
         yield GaugeMetricFamily("edge_runtime_memory_total_bytes", "Device memory in total", value=memory.total)
         if hasattr(os, "getloadavg"):

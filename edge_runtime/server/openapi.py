@@ -59,7 +59,11 @@ SCHEMAS: dict[str, Any] = {
         "outputs": {"type": "array", "items": _obj({"name": _STR, "parameters": _obj({"binary_data": _BOOL})},
                                                    ("name",))},
     }, ("inputs",)),
-    "InferenceResponse": _obj({"model_name": _STR, "model_version": _STR, "id": _STR, "parameters": _PARAMS,
+    "InferenceResponse": _obj({"model_name": _STR, "model_version": _STR, "id": _STR, "parameters": {
+        "type": "object", "additionalProperties": True, "properties": {
+            "plan": _STR, "backends": _STR, "ran_on": {"type": "string", "enum": ["local", "cloud", "split"]},
+            "queue_us": _INT, "compute_us": _INT, "batch_size": _INT, "retried": _BOOL, "ran_twice": _BOOL,
+            "fallback": _STR, "route": _STR}},
                                "outputs": {"type": "array", "items": _TENSOR}}, ("model_name", "outputs")),
     "RepositoryIndexRequest": _obj({"ready": _BOOL}),
     "RepositoryIndex": {"type": "array", "items": _obj(
@@ -87,6 +91,7 @@ _ERRORS = {
     "404": "Unknown model, version, task or route",
     "413": "Request body larger than max_body_bytes",
     "429": "Queue full (or 503, per overload_status); see Retry-After",
+    "502": "The cloud peer failed and nothing local could answer",
     "503": "Backend failed with no fallback, or the server is shutting down",
     "504": "The request's deadline (timeout) passed",
 }

@@ -2,104 +2,93 @@
 
 Layout::
 
-    <root>/<model>/config.toml          optional: [scheduler] [batching] [queue] [serving] ...
+    <root>/<model>/config.toml          optional: [scheduler] [batching] [queue] [cloud] [serving]
     <root>/<model>/<version>/model.onnx (or model.tflite); version = a positive integer
 
-``[serving]`` (this module's section of the per-model config)::
-
-    backend = "auto"           # or "cpu", "opencl", "tflite", "null"
-    version_policy = "latest"  # "latest" (highest version only), "all", or a list: [1, 3]
+``[serving]``: see ``layout.py``.
 
 A (re)load compiles every chosen version first and swaps them in only when all
 succeeded, so a failed reload leaves the old versions serving. Versions taken
 out of service drain their queues before their models close.
+
+Each version answers through a ``Dispatcher`` (``dispatch.py``): the scheduler
+``scheduler_for`` builds for its ``[scheduler]`` policy, fed by the server's one
+LoadMonitor, and a cloud router where its ``[cloud]`` section asks for one. A
+version that cannot load here (its backend is unavailable, or cannot take
+every node) is served by the cloud alone when its ``[cloud]`` mode allows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from edge_runtime.config import from_mapping
-from edge_runtime.errors import ConfigError, EdgeRuntimeError, InvalidInputError, ModelLoadError, ModelNotFoundError
-from edge_runtime.scheduler import ModelConfig, ModelScheduler, model_plans
+from edge_runtime.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    EdgeRuntimeError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedNodesError,
+)
+from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
+from edge_runtime.server.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
+from edge_runtime.server.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
 
 if TYPE_CHECKING:
+    from edge_runtime.cloud.config import CloudConfig
+    from edge_runtime.load_monitor import LoadConfig
     from edge_runtime.model import Model
     from edge_runtime.runtime import Runtime
     from edge_runtime.scheduler.plans import Plan
+    from edge_runtime.server.services import SharedServices
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-MODEL_FILES = ("model.onnx", "model.tflite")
-
-
-def check_model_name(name: str) -> str:
-    """``name`` if it is a safe model name (``^[A-Za-z0-9_.-]+$``, not only dots), else InvalidInputError."""
-    if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
-        raise InvalidInputError(f"invalid model name {name!r}: use letters, digits, '_', '.', '-' (not only dots)")
-    return name
-
-
-def parse_version(text: str) -> int:
-    """A version from a URL; InvalidInputError unless a positive integer."""
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidInputError(f"invalid model version {text!r}: versions are positive integers")
-    return int(text)
-
-
-@dataclass(frozen=True)
-class ServingConfig:
-    backend: str = "auto"
-    version_policy: str | tuple[int, ...] = "latest"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.version_policy, str) and self.version_policy not in ("latest", "all"):
-            raise ConfigError(f"[serving] version_policy must be 'latest', 'all' or a list of versions, "
-                              f"got {self.version_policy!r}")
-
-    def select(self, name: str, on_disk: list[int]) -> list[int]:
-        if self.version_policy == "latest":
-            return on_disk[-1:]
-        if self.version_policy == "all":
-            return list(on_disk)
-        missing = sorted(set(self.version_policy) - set(on_disk))
-        if missing:
-            raise ModelNotFoundError(f"model {name!r}: version_policy names version(s) {missing}, "
-                                     f"the repository has {on_disk}")
-        return sorted(set(self.version_policy))
-
-
 @dataclass(frozen=True)
 class LoadedVersion:
-    """One served version: its model, its scheduler, the config it was loaded with."""
+    """One served version: its model (a ``RemoteModel`` when only the cloud runs it), how it
+    answers, the config it was loaded with."""
 
     name: str
     version: int
-    model: "Model"
-    scheduler: ModelScheduler
+    model: "Model | RemoteModel"
+    dispatcher: Dispatcher
     config: ModelConfig
     serving: ServingConfig
 
+    @property
+    def scheduler(self) -> ModelScheduler | None:
+        return self.dispatcher.scheduler
+
 
 PlansFor = Callable[["Model"], Mapping[str, "Plan"]]
+CANNOT_LOAD_HERE = (BackendUnavailableError, UnsupportedNodesError)  # the cloud may still answer
 
 
 class ModelRepository:
-    """Loads, serves and unloads the models of one repository directory (event-loop side)."""
+    """Loads, serves and unloads the models of one repository directory (event-loop side).
 
-    def __init__(self, root: Path, runtime: "Runtime", *, plans_for: PlansFor = model_plans,
+    ``load`` and ``cloud`` are the server's ``[load]`` and ``[cloud]`` tables; the
+    LoadMonitor and CloudClient they describe are opened by ``start`` (or the
+    first load) and closed by ``close``. ``extra_plans`` (tests, tools) returns
+    plans added to, or replacing, those the scheduler factory offers a model.
+    """
+
+    def __init__(self, root: Path, runtime: "Runtime", *, load: "LoadConfig | None" = None,
+                 cloud: "CloudConfig | None" = None, extra_plans: PlansFor | None = None,
                  drain_timeout_s: float = 10.0) -> None:
         self.root = Path(root)
         self.runtime = runtime
-        self._plans_for = plans_for
+        self._load_config = load
+        self._cloud_config = cloud
+        self.services: SharedServices | None = None
+        self._extra_plans = extra_plans
         self._drain_timeout_s = drain_timeout_s
         self._served: dict[str, dict[int, LoadedVersion]] = {}
         self._failures: dict[str, str] = {}  # model -> why its last load failed
@@ -138,6 +127,14 @@ class ModelRepository:
     def versions_served(self, name: str) -> list[int]:
         return sorted(self._served.get(name, {}))
 
+    def start(self) -> "SharedServices":
+        """Open the shared LoadMonitor and CloudClient (idempotent); returns them."""
+        if self.services is None:
+            from edge_runtime.server.services import SharedServices
+
+            self.services = SharedServices.open(self.runtime, self._load_config, self._cloud_config)
+        return self.services
+
     async def load_all(self) -> None:
         """Load every model on disk; a model that fails is logged and listed in the index, not fatal."""
         for name in self.names_on_disk():
@@ -149,17 +146,15 @@ class ModelRepository:
     async def load(self, name: str) -> list[int]:
         """(Re)load ``name``; returns the versions now served. On failure the old versions keep serving."""
         check_model_name(name)
+        self.start()
         async with self._lock:
             try:
-                config, serving, models = await asyncio.to_thread(self._compile, name)
+                fresh = await asyncio.to_thread(self._compile, name)
             except EdgeRuntimeError as exc:
                 self._failures[name] = str(exc)
                 raise
-            fresh = {}
-            for version, model in models.items():
-                scheduler = ModelScheduler(name, model.inputs, self._plans_for(model), config, None)
-                await scheduler.start()
-                fresh[version] = LoadedVersion(name, version, model, scheduler, config, serving)
+            for loaded in fresh.values():
+                await loaded.dispatcher.start()
             old = self._served.get(name, {})
             self._served[name] = fresh
             self._failures.pop(name, None)
@@ -199,9 +194,47 @@ class ModelRepository:
                 self._retire(self._served.pop(name).values())
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
+        if self.services is not None:
+            await asyncio.to_thread(self.services.close)
+            self.services = None
 
     # -- internals ---------------------------------------------------------------------
-    def _compile(self, name: str) -> tuple[ModelConfig, ServingConfig, dict[int, "Model"]]:
+    def _compile(self, name: str) -> dict[int, LoadedVersion]:
+        """Worker thread: compile the chosen versions and build their dispatchers, all or none."""
+        config, serving, selected = self._read(name)
+        loaded: dict[int, LoadedVersion] = {}
+        try:
+            for version in selected:
+                path = model_file(self.root / name / str(version))
+                loaded[version] = self._build(name, version, path, config, serving)
+        except BaseException:
+            for version in loaded.values():
+                _close_unstarted(version)
+            raise
+        return loaded
+
+    def _build(self, name: str, version: int, path: Path, config: ModelConfig,
+               serving: ServingConfig) -> LoadedVersion:
+        services = self.start()
+        try:
+            model = self.runtime.load(path, name=name, backend=serving.backend)
+        except CANNOT_LOAD_HERE as exc:
+            # build_dispatcher re-raises exc unless the model's [cloud] section lets the peer answer alone.
+            dispatcher = build_dispatcher(name, path, None, config, self.runtime, services, local_error=exc)
+            try:
+                stand_in = remote_model(name, path, str(exc))
+            except ModelLoadError:
+                raise exc from None  # no ONNX signature to serve it by (a .tflite file)
+            return LoadedVersion(name, version, stand_in, dispatcher, config, serving)
+        try:
+            extra = self._extra_plans(model) if self._extra_plans is not None else None
+            dispatcher = build_dispatcher(name, path, model, config, self.runtime, services, extra)
+        except BaseException:
+            model.close()
+            raise
+        return LoadedVersion(name, version, model, dispatcher, config, serving)
+
+    def _read(self, name: str) -> tuple[ModelConfig, ServingConfig, list[int]]:
         directory = self.root / name
         if not directory.is_dir():
             raise ModelNotFoundError(f"no model {name!r} in repository {self.root}")
@@ -214,16 +247,7 @@ class ModelRepository:
         on_disk = self.versions_on_disk(name)
         if not on_disk:
             raise ModelNotFoundError(f"model {name!r}: no version folders (1, 2, ...) in {directory}")
-        models: dict[int, Model] = {}
-        try:
-            for version in serving.select(name, on_disk):
-                models[version] = self.runtime.load(_model_file(directory / str(version)), name=name,
-                                                    backend=serving.backend)
-        except BaseException:
-            for model in models.values():
-                model.close()
-            raise
-        return config, serving, models
+        return config, serving, serving.select(name, on_disk)
 
     def _retire(self, versions: Any) -> None:
         for version in versions:
@@ -232,27 +256,11 @@ class ModelRepository:
             task.add_done_callback(self._retiring.discard)
 
     async def _drain(self, version: LoadedVersion) -> None:
-        await version.scheduler.close(self._drain_timeout_s)
+        await version.dispatcher.close(self._drain_timeout_s)
         version.model.close()
 
 
-def _model_file(version_dir: Path) -> Path:
-    for file_name in MODEL_FILES:
-        if (version_dir / file_name).is_file():
-            return version_dir / file_name
-    raise ModelLoadError(f"{version_dir}: no {' or '.join(MODEL_FILES)}")
-
-
-def demo_repository(cache_dir: Path) -> Path:
-    """A one-model repository serving the demo CNN as ``demo`` version 1 (built on first use)."""
-    from edge_runtime.demo import demo_model_path
-
-    source = demo_model_path(cache_dir)
-    root = Path(cache_dir) / "server" / "demo-repository"
-    target = root / "demo" / "1" / "model.onnx"
-    if not target.is_file() or target.stat().st_size != source.stat().st_size:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        shutil.copyfile(source, tmp)
-        tmp.replace(target)
-    return root
+def _close_unstarted(version: LoadedVersion) -> None:
+    """Free a version built but never served (a later version of the same load failed)."""
+    version.dispatcher.discard()
+    version.model.close()

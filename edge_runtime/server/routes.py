@@ -19,7 +19,8 @@ from edge_runtime.server import inference
 from edge_runtime.server.codec import EncodedResponse, wire_datatype, wire_shape
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
-from edge_runtime.server.repository import LoadedVersion, check_model_name, parse_version
+from edge_runtime.server.layout import check_model_name, parse_version
+from edge_runtime.server.repository import LoadedVersion
 from edge_runtime.server.state import STATE, ServerState
 from edge_runtime.server.tasks import CANCELLED, FAILED, PENDING, Task
 
@@ -102,7 +103,8 @@ async def model_metadata(request: web.Request) -> web.Response:
         "inputs": _tensor_metadata(model.inputs),
         "outputs": _tensor_metadata(model.outputs),
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
-                         "backend_nodes": model.backend_nodes, "plans": sorted(target.scheduler.plans)},
+                         "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
+                         "cloud_mode": target.dispatcher.cloud.mode},
     })
 
 
@@ -126,6 +128,7 @@ async def model_config(request: web.Request) -> web.Response:
         "queue_policy": {"max_queue_size": config.queue.max_queue_size,
                          "default_timeout_microseconds": config.queue.default_timeout_ms * 1000},
         "scheduler": {"policy": config.scheduler.policy, "plan": config.scheduler.plan},
+        "cloud": {"mode": target.dispatcher.cloud.mode, "remote_model": target.dispatcher.cloud.remote_model},
         "version_policy": target.serving.version_policy if isinstance(target.serving.version_policy, str)
         else list(target.serving.version_policy),
     })

@@ -46,7 +46,6 @@ class VersionStats:
     failures: Counter[str] = field(default_factory=Counter)  # reason -> count
     plans: Counter[str] = field(default_factory=Counter)  # plan name -> requests
     fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)  # (backend, reason) -> requests
-    cloud_calls: int = 0
     batches: dict[int, list[Any]] = field(default_factory=dict)  # batch rows -> [executions, compute ns]
 
     @property
@@ -92,8 +91,6 @@ class InferenceStats:
         stats.plans[result.plan] += 1
         if fallback is not None:
             stats.fallbacks[fallback] += 1
-        if "cloud" in result.backends:
-            stats.cloud_calls += 1
 
     def record_failure(self, model: str, version: str, reason: str, request_ns: int) -> None:
         stats = self.of(model, version)

@@ -9,7 +9,9 @@ Models are built here with ``onnx.helper`` from fixed seeds:
                    depends on the network);
 * ``build_faulty`` same signature as ``build_cnn`` but fails at run time inside
                    ONNX Runtime (a Gather index computed out of range): the cloud
-                   then answers 5xx for real.
+                   then answers 5xx for real;
+* ``build_det``    determinants of a batch of 3x3 matrices (``Det``): ONNX Runtime
+                   runs it, the OpenCL backend has no kernel for it.
 
 The cloud peer process (``ServerProcess``) lives in ``tools/cloud_peer.py``; the
 benchmark uses it too.
@@ -111,6 +113,14 @@ def build_faulty() -> onnx.ModelProto:
              numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "shape")]
     graph = helper.make_graph(nodes, "faulty", [helper.make_tensor_value_info(CNN_INPUT, TensorProto.FLOAT, CNN_SHAPE)],
                               [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, (1, 1))], inits)
+    return _finish(graph)
+
+
+def build_det() -> onnx.ModelProto:
+    """``m`` [4, 3, 3] -> ``det`` [4]: one ``Det`` node."""
+    graph = helper.make_graph([helper.make_node("Det", ["m"], ["det"], name="det")], "det",
+                              [helper.make_tensor_value_info("m", TensorProto.FLOAT, (4, 3, 3))],
+                              [helper.make_tensor_value_info("det", TensorProto.FLOAT, (4,))])
     return _finish(graph)
 
 

@@ -4,6 +4,7 @@ Cloud repository (session scope):
 
     cnn/1              the whole test CNN
     faulty/1           fails inside ONNX Runtime on every run (the peer answers 503)
+    det/1              a ``Det`` node (no OpenCL kernel: a model a GPU-only device cannot run)
     cnn_tail.k<i>/1    the tail of every candidate cut of the CNN
     cnn_tail/1         the tail of the first candidate cut
     cnn_tail.whole/1   the whole (prepared) CNN
@@ -18,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cloud_fixtures import TOKEN, ServerProcess, build_cnn, build_dag, build_faulty, build_heavy, write_model
+from cloud_fixtures import TOKEN, ServerProcess, build_cnn, build_dag, build_det, build_faulty, build_heavy, write_model
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,7 @@ def cloud_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cloud_repository")
     write_model(root, "cnn", build_cnn())
     write_model(root, "faulty", build_faulty())
+    write_model(root, "det", build_det())
     cutter = ModelCutter(build_cnn())
     cuts = cutter.candidates()
     write_cloud_repository(cutter, cuts, cuts[0], root, "cnn_tail")

@@ -94,7 +94,7 @@ def test_router_sends_queue_overflow_to_the_cloud_and_reports_it() -> None:
         retried, attempts = False, 1
 
     class Plan:
-        def call(self, feeds):
+        def call(self, feeds, request_id=None):
             return Call()
 
     async def full(feeds):

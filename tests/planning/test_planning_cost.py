@@ -118,3 +118,15 @@ def test_copy_and_node_time_follow_the_roofline() -> None:
     with pytest.raises(ValueError, match="implausible"):
         BackendSpeed.from_dict({**device.to_dict(), "gflops": 0.0})
     assert BackendSpeed.from_dict(device.to_dict()) == device
+
+
+def test_a_plan_is_re_estimated_for_another_batch_size(make_planner) -> None:
+    model = skip_dag()
+    at_one, _, _ = make_planner(model, refuse_nodes=("sigmoid",), input_shapes={"x": (1, 4, 8, 8)})
+    at_eight, _, _ = make_planner(model, refuse_nodes=("sigmoid",), input_shapes={"x": (8, 4, 8, 8)})
+    plan = at_one.layout("gpu")
+    at_batch_8 = at_one.estimate_ms(plan, {"x": (8, 4, 8, 8)})
+    # The load-time binding does not matter, only the sizes asked for.
+    assert at_eight.estimate_ms(plan, {"x": (8, 4, 8, 8)}) == pytest.approx(at_batch_8)
+    assert at_one.estimate_ms(plan, {"x": (1, 4, 8, 8)}) == pytest.approx(plan.partition.latency_s * 1e3)
+    assert at_batch_8 > plan.partition.latency_s * 1e3

@@ -175,11 +175,48 @@ async def test_failing_plan_falls_back_to_cpu_and_is_counted(mlp_cpu, mlp_gpu_st
         result = await sched.infer({"input": _x(5)})
     assert result.plan == "cpu" and result.backends == ("cpu",)
     assert result.fallback is not None and "device lost" in result.fallback
+    assert not result.retried and not result.ran_twice  # a device failure never ran the request elsewhere
     np.testing.assert_allclose(result.outputs["logits"], ort_oracle(mlp_proto)({"input": _x(5)})["logits"],
                                rtol=1e-5, atol=1e-6)
     stats = sched.stats()
     assert stats["fallbacks"] == 1 and stats["fallback:gpu"] == 1
     assert len(plans["gpu"].calls) == 1 and len(plans["cpu"].calls) == 1
+
+
+class FailingCloudPlan:
+    """A cloud plan whose call fails with ``error``, as the cloud client raises it."""
+
+    name, backends, device = "cloud", ("cloud",), "cloud"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def run(self, feeds):
+        raise self.error
+
+
+def _cloud_error(message: str, **facts) -> Exception:
+    from edge_runtime.cloud.client import CloudCallError
+
+    return CloudCallError(message, **facts)
+
+
+@pytest.mark.parametrize("error, retried, ran_twice", [
+    (_cloud_error("no answer after sending", kind="timeout", sent=True, attempts=1), False, True),
+    (_cloud_error("could not connect", kind="refused", sent=False, attempts=3), True, False),
+    (_cloud_error("HTTP 503", kind="http_error", sent=True, attempts=1, status=503), False, False),
+])
+async def test_a_failed_cloud_plan_reruns_on_cpu_saying_if_it_may_have_run_twice(
+        mlp_cpu, mlp_proto, error: Exception, retried: bool, ran_twice: bool) -> None:
+    plans = {"cpu": InstrumentedPlan("cpu", mlp_cpu), "cloud": FailingCloudPlan(error)}
+    sched = ModelScheduler("mlp", mlp_cpu.inputs, plans,
+                           model_config({"scheduler": {"policy": "fixed", "plan": "cloud"}}))
+    async with sched:
+        result = await sched.infer({"input": _x(6)})
+    assert (result.plan, result.retried, result.ran_twice) == ("cpu", retried, ran_twice)
+    assert result.fallback == f"plan 'cloud' failed: {error}"
+    np.testing.assert_allclose(result.outputs["logits"], ort_oracle(mlp_proto)({"input": _x(6)})["logits"],
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_cost_policy_avoids_a_plan_that_failed(null_plans) -> None:

@@ -56,13 +56,15 @@ AppFactory = Callable[..., Any]
 
 @pytest.fixture
 def make_app(runtime: Any, repo: Path) -> AppFactory:
-    """``make_app(root=repo, plans_for=slow_plans, **server_config)`` -> aiohttp app."""
+    """``make_app(root=repo, extra_plans=slow_plans, load=None, cloud=None, **server_config)`` -> aiohttp app."""
     from edge_runtime.server.app import create_app
     from edge_runtime.server.config import ServerConfig
     from edge_runtime.server.repository import ModelRepository
 
-    def factory(root: Path | None = None, plans_for: Callable[[Any], Any] = slow_plans, **config: Any) -> Any:
-        repository = ModelRepository(root or repo, runtime, plans_for=plans_for, drain_timeout_s=5.0)
+    def factory(root: Path | None = None, extra_plans: Callable[[Any], Any] = slow_plans, load: Any = None,
+                cloud: Any = None, **config: Any) -> Any:
+        repository = ModelRepository(root or repo, runtime, load=load, cloud=cloud, extra_plans=extra_plans,
+                                     drain_timeout_s=5.0)
         return create_app(ServerConfig(**config), repository)
 
     return factory

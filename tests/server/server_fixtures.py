@@ -106,13 +106,12 @@ class SlowPlan:
 
 
 def slow_plans(model: Any) -> dict[str, Any]:
-    """``plans_for`` that slows down the model called ``slow`` only."""
+    """``extra_plans`` that slows down the model called ``slow`` only (its own plan, replaced)."""
     from edge_runtime.scheduler import model_plans
 
-    plans = model_plans(model)
     if model.name != "slow":
-        return plans
-    return {name: SlowPlan(plan.name, plan.backends, plan, SLOW_PLAN_S) for name, plan in plans.items()}
+        return {}
+    return {name: SlowPlan(plan.name, plan.backends, plan, SLOW_PLAN_S) for name, plan in model_plans(model).items()}
 
 
 def free_port() -> int:

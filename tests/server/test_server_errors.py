@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from edge_runtime import errors
-from edge_runtime.scheduler import model_plans
 from edge_runtime.server import codec
 from edge_runtime.server.errors import (
     RequestTooLargeError,
@@ -56,9 +55,9 @@ class FailingPlan:
 
 
 def failing_plans(error: Exception) -> Any:
-    def plans_for(model: Any) -> dict[str, Any]:
-        return {"cpu": FailingPlan(error)} if model.name == "mlp" else model_plans(model)
-    return plans_for
+    def extra_plans(model: Any) -> dict[str, Any]:
+        return {"cpu": FailingPlan(error)} if model.name == "mlp" else {}
+    return extra_plans
 
 
 @pytest.mark.parametrize("error, status, shown", [
@@ -68,7 +67,7 @@ def failing_plans(error: Exception) -> Any:
 async def test_run_failures_map_to_status_and_the_server_keeps_serving(aiohttp_client: Any, make_app: Any,
                                                                        error: Exception, status: int,
                                                                        shown: str) -> None:
-    client = await aiohttp_client(make_app(plans_for=failing_plans(error)))
+    client = await aiohttp_client(make_app(extra_plans=failing_plans(error)))
     body = codec.encode_request({"input": np.zeros((1, 64), np.float32)}).body
     response = await client.post("/v2/models/mlp/infer", data=body)
     assert response.status == status

@@ -76,6 +76,11 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
     ("[server]\nmax_body_bytes = 0\n", "max_body_bytes must be >= 1"),
     ("[servre]\n", "unknown table(s) ['servre']"),
     ("[server]\nport = 'x'\n", "expected int"),
+    ("[load]\npin_gpu_busy = 1.5\n", "pin_gpu_busy must be in [0, 1]"),
+    ("[load]\nsample_ms = 5\n", "[load]: unknown key(s) ['sample_ms']"),
+    ("load = 3\n", "[load] must be a table"),
+    ("[cloud]\nurl = 'ftp://peer'\n", "[cloud] url must be http(s)"),
+    ("[cloud]\nurl = 'http://peer'\ntoken = 'inline'\n", "[cloud] takes no 'token'"),
 ])
 def test_bad_settings_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "server.toml"

@@ -15,6 +15,7 @@ typedef half store_t;
 #define ST(p, i, v) vstore_half((v), (i), (p))
 #define LDV4(p, i) vload_half4((i), (p))
 #define LDV8(p, i) vload_half8((i), (p))
+#define LDV16(p, i) vload_half16((i), (p))
 #define STV4(p, i, v) vstore_half4((v), (i), (p))
 #define STV8(p, i, v) vstore_half8((v), (i), (p))
 #else
@@ -23,6 +24,7 @@ typedef float store_t;
 #define ST(p, i, v) ((p)[(i)] = (v))
 #define LDV4(p, i) vload4((i), (p))
 #define LDV8(p, i) vload8((i), (p))
+#define LDV16(p, i) vload16((i), (p))
 #define STV4(p, i, v) vstore4((v), (i), (p))
 #define STV8(p, i, v) vstore8((v), (i), (p))
 #endif
@@ -33,15 +35,17 @@ typedef float store_t;
 #define FN2(name, id) FN_(name, id)
 #define FN(name) FN2(name, KID)
 
-// Vector of width W (1, 2, 4, 8) and its loads/stores; width 1 is plain float.
+// Vector of width W (1, 2, 4, 8, 16) and its loads; width 1 is plain float.
 #define VEC_1 float
 #define VEC_2 float2
 #define VEC_4 float4
 #define VEC_8 float8
+#define VEC_16 float16
 #define VEC(w) CAT2(VEC_, w)
 #define LDVEC_1(p, i) LD(p, i)
 #define LDVEC_4(p, i) LDV4(p, i)
 #define LDVEC_8(p, i) LDV8(p, i)
+#define LDVEC_16(p, i) LDV16(p, i)
 #define LDVEC(w, p, i) CAT2(LDVEC_, w)(p, i)
 
 // ONNX Pow: a negative base with an integral exponent is defined (numpy semantics).

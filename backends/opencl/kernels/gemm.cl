@@ -1,14 +1,16 @@
 // Batched GEMM with a fused epilogue:
 //   Y[b][m][n] = ACTIVATE(ALPHA * sum_k A[b][m][k] * B[b][k][n] + BETA * C[b][m][n])
-// Each work-item computes a TM x TN register tile (TN = 4 or 8, one float
-// vector per row), so every B load feeds TM fused multiply-adds and every A
-// load feeds TN.
+// Each work-item computes a TM x TN register tile (TN = 4, 8 or 16: one
+// float vector per row), so every B load feeds TM fused multiply-adds and
+// every A load feeds TN.
 // Instance defines:
 //   M N K TM TN; A_OFF(b) B_OFF(b) Y_OFF(b) batch offsets (broadcasting);
 //   SAM SAK: strides of A (transposed A is just other strides);
-//   BPACK: B is packed in panels [ceil(N/TN)][K][TN], zero padded (constants);
+//   BPACK: B is packed in panels [ceil(N/PW)][K][PW], zero padded (constants);
+//     a work-item reads TN (a divisor of PW) columns of one panel;
 //   otherwise SBK SBN strides of B, and B_VEC when SBN == 1 (vector loads);
-//   HAS_C with C_OFF(b) SCM SCN (stride 0 = broadcast), ALPHA BETA; ACTIVATE(v).
+//   HAS_C with C_OFF(b) SCM SCN (stride 0 = broadcast), ALPHA BETA;
+//   HAS_RES: add R (laid out like Y) before ACTIVATE(v).
 // NDRange: (ceil(N/TN), ceil(M/TM), batch).
 
 #define GEMM_ROWS(BLOAD)                                                        \
@@ -22,6 +24,9 @@
 __kernel void FN(gemm)(__global const store_t* restrict A, __global const store_t* restrict B,
 #if HAS_C
                        __global const store_t* restrict Cm,
+#endif
+#if HAS_RES
+                       __global const store_t* restrict R,
 #endif
                        __global store_t* restrict Y) {
     const int n0 = get_global_id(0) * TN;
@@ -38,8 +43,8 @@ __kernel void FN(gemm)(__global const store_t* restrict A, __global const store_
         acc[i] = (VEC(TN))(0.0f);
     }
 #if BPACK
-    const __global store_t* bp = bb + (n0 / TN) * (K * TN);
-    GEMM_ROWS(LDVEC(TN, bp, k))
+    const __global store_t* bp = bb + (n0 / PW) * (K * PW) + n0 % PW;
+    GEMM_ROWS(LDVEC(TN, bp + k * PW, 0))
 #else
     if (B_VEC && n0 + TN <= N) {
         const __global store_t* bp = bb + n0;
@@ -70,6 +75,9 @@ __kernel void FN(gemm)(__global const store_t* restrict A, __global const store_
                 float v = ALPHA * r[j];
 #if HAS_C
                 v += BETA * LD(Cm, C_OFF(b) + m * SCM + n * SCN);
+#endif
+#if HAS_RES
+                v += LD(R, Y_OFF(b) + m * N + n);
 #endif
                 ST(y, m * N + n, ACTIVATE(v));
             }

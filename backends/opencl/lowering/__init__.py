@@ -26,19 +26,28 @@ class NodeGroup:
     bias_add: "onnx.NodeProto | None"
     activations: tuple["onnx.NodeProto", ...]
     label: str
+    residual: "onnx.NodeProto | None" = None
 
     @property
     def out(self) -> str:
         """The tensor the whole group produces (its last member's first output)."""
-        for node in (*reversed(self.activations), self.bias_add, self.batchnorm):
+        for node in (*reversed(self.activations), self.residual, self.bias_add, self.batchnorm):
             if node is not None:
                 return node.output[0]
         return self.head.output[0]
 
     @property
+    def residual_input(self) -> str:
+        """The tensor a fused residual Add reads ("" when there is none)."""
+        if self.residual is None:
+            return ""
+        before = self.bias_add or self.batchnorm or self.head
+        return [n for n in self.residual.input if n != before.output[0]][0]
+
+    @property
     def head_out(self) -> str:
-        """The tensor the epilogue reads: the head's result (after a fused BN or bias)."""
-        for node in (self.bias_add, self.batchnorm):
+        """The tensor the epilogue reads: the head's result (after a fused BN, bias, residual)."""
+        for node in (self.residual, self.bias_add, self.batchnorm):
             if node is not None:
                 return node.output[0]
         return self.head.output[0]
@@ -50,6 +59,17 @@ class NodeGroup:
     def without_bias(self) -> "NodeGroup":
         """The head alone, writing its own output (when a fused bias does not fit)."""
         return NodeGroup(self.head, self.batchnorm, None, (), self.label)
+
+    def residual_args(self, ctx: LoweringContext, out_shape: tuple[int, ...]) -> tuple[list[str], list[tuple[str, str]]]:
+        """Kernel args and defines of the fused residual (``HAS_RES``)."""
+        from backends.opencl.lowering.context import define
+
+        if self.residual is None:
+            return [], [define("HAS_RES", False)]
+        name = self.residual_input
+        if ctx.shape(name) != tuple(out_shape):
+            raise NotLowerableError(f"residual {name!r} has shape {ctx.shape(name)}, output {out_shape}")
+        return [name], [define("HAS_RES", True)]
 
 
 Lowering = Callable[[LoweringContext, NodeGroup], None]

@@ -6,6 +6,8 @@ bias here, on the host, once per specialisation.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from backends.opencl.attrs import node_attrs
@@ -62,6 +64,7 @@ def lower_conv(ctx: LoweringContext, group: NodeGroup) -> None:
     if group.batchnorm is not None:
         w, b = _folded_batchnorm(ctx, group, w, b)
     out_shape = (n, cout) + win.out
+    residual, residual_defines = group.residual_args(ctx, out_shape)
     out = ctx.output(group.out, out_shape)
     w2 = win.as_2d()
     ih, iw = (1,) * (4 - len(x_shape)) + x_shape[2:]
@@ -73,8 +76,9 @@ def lower_conv(ctx: LoweringContext, group: NodeGroup) -> None:
     if pointwise:  # Y[n] = W[cout, cin] @ X[n][cin, h*w]: a batched GEMM
         hw = oh * ow
         g = GemmShape(m=cout, n=hw, k=cin, batch=n, sam=cin, sak=1, b_off=f"((b) * {cin * hw})",
-                      sbk=hw, sbn=1, y_off=f"((b) * {cout * hw})", has_c=bool(b), scm=1, scn=0)
-        emit_gemm(ctx, g, [w, x] + ([b] if b else []) + [out], group.activate(ctx),
+                      sbk=hw, sbn=1, y_off=f"((b) * {cout * hw})", has_c=bool(b), scm=1, scn=0,
+                      has_res=bool(residual))
+        emit_gemm(ctx, g, [w, x] + ([b] if b else []) + residual + [out], group.activate(ctx),
                   label=group.label, shapes=shapes)
         return
     cout_g = cout // groups
@@ -83,18 +87,26 @@ def lower_conv(ctx: LoweringContext, group: NodeGroup) -> None:
             define("SH", w2.strides[0]), define("SW", w2.strides[1]), define("DH", w2.dilations[0]),
             define("DW", w2.dilations[1]), define("PT", w2.pads_begin[0]), define("PL", w2.pads_begin[1]),
             define("GROUPS", groups), define("CIN_G", cin_g), define("COUT_G", cout_g),
-            define("HAS_BIAS", bool(b)), *group.activate(ctx)]
+            define("HAS_BIAS", bool(b)), *residual_defines, *group.activate(ctx)]
     variants = []
+    if cin_g == 1:  # depthwise: a row per work-item first (see conv.cl)
+        extent_w = (w2.kernel[1] - 1) * w2.dilations[1] + 1
+        lo = ceil_div(w2.pads_begin[1], w2.strides[1])
+        hi = min(ow, (iw - extent_w + w2.pads_begin[1]) // w2.strides[1] + 1)
+        rows = base + [define("NB", n), define("LO", lo), define("HI", max(hi, lo))]
+        variants.append(Variant(tuple(rows), (oh, n * cout), None, entry="depthwise_rows"))
     for tco, tp in _conv_candidates(cout_g, cin_g == 1 and cout_g == 1, ow):
         tiles = ceil_div(cout_g, tco)
         defines = base + [define("TCO", tco), define("TP", tp), define("CO_TILES", tiles)]
         variants.append(Variant(tuple(defines), (ceil_div(ow, tp), oh, n * groups * tiles), None))
     key = f"conv x{x_shape} w{w_shape} g{groups} s{win.strides} d{win.dilations} p{win.pads_begin}"
-    ctx.emit("conv", "conv2d", [x, w] + ([b] if b else []) + [out], variants, label=group.label,
+    ctx.emit("conv", "conv2d", [x, w] + ([b] if b else []) + residual + [out], variants, label=group.label,
              shapes=shapes, flops=flops, tune_key=key)
 
 
-def _transpose_geometry(attrs: dict, x_shape: tuple[int, ...], kernel: tuple[int, ...]):
+def _transpose_geometry(attrs: dict[str, Any], x_shape: tuple[int, ...], kernel: tuple[int, ...]
+                        ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(strides, dilations, leading pads, output sizes) per ONNX ConvTranspose."""
     rank = len(kernel)
     spatial = x_shape[2:]
     strides = [int(s) for s in attrs.get("strides", [1] * rank)]

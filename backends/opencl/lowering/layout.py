@@ -3,6 +3,8 @@ data movement (Transpose, Concat, Slice, Split, Pad) on the gather-copy kernel."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from backends.opencl.attrs import node_attrs
@@ -11,8 +13,11 @@ from backends.opencl.lowering.context import LoweringContext, NotLowerableError,
 from backends.opencl.lowering.index import collapse, offset_expr, strides
 from backends.opencl.plan import elems_of, render_float
 
+if TYPE_CHECKING:
+    import onnx
 
-def _axes(ctx: LoweringContext, node, slot: int, rank: int) -> list[int]:
+
+def _axes(ctx: LoweringContext, node: "onnx.NodeProto", slot: int, rank: int) -> list[int]:
     attrs = node_attrs(node)
     if "axes" in attrs:
         raw = [int(a) for a in attrs["axes"]]

@@ -39,12 +39,13 @@ class GemmShape:
     scm: int = 0
     scn: int = 0
     has_c: bool = False
+    has_res: bool = False  # a residual tensor laid out like Y
     alpha: float = 1.0
     beta: float = 1.0
 
 
 def pack_panels(b: np.ndarray, tn: int) -> np.ndarray:
-    """[K, N] -> [ceil(N/tn)][K][tn], zero padded: each work-item's B columns contiguous."""
+    """[K, N] -> [ceil(N/tn)][K][tn], zero padded: a work-item's B columns are contiguous."""
     k, n = b.shape
     padded = np.zeros((k, ceil_div(n, tn) * tn), dtype=np.float32)
     padded[:, :n] = b
@@ -52,42 +53,48 @@ def pack_panels(b: np.ndarray, tn: int) -> np.ndarray:
 
 
 def panel_width(n: int) -> int:
-    return 8 if n >= 8 else 4
+    """Columns per work-item tile (and per packed B panel): the widest vector that fits."""
+    return 16 if n >= 16 else 8 if n >= 8 else 4
 
 
-def _tile_rows(m: int) -> list[int]:
+def _tiles(m: int, n: int, width: int) -> list[tuple[int, int]]:
+    """(TM, TN) candidates, the heuristic default first.
+
+    On PoCL/AVX2, 6x16 keeps 12 accumulator vectors plus the B vector and an A
+    broadcast in the 16 registers; 8x8 suits GPUs with narrower SIMD.
+    """
     if m >= 8:
-        return [8, 4]
+        return {16: [(6, 16), (4, 16), (8, 8)], 8: [(8, 8), (4, 8)], 4: [(8, 4), (4, 4)]}[width]
     if m >= 4:
-        return [4, 2]
-    return [m]
+        return [(4, width), (2, width)]
+    return [(m, width)] + ([(m, width // 2)] if width == 16 else [])
 
 
-def gemm_defines(g: GemmShape, tn: int, act: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
-    """Instance defines of gemm.cl for ``g`` (all but the row tile TM)."""
+def gemm_defines(g: GemmShape, act: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """Instance defines of gemm.cl for ``g`` (all but the tile TM x TN)."""
     return [
-        define("M", g.m), define("N", g.n), define("K", g.k), define("TN", tn),
+        define("M", g.m), define("N", g.n), define("K", g.k), define("PW", g.packed_tn or 1),
         ("A_OFF(b)", g.a_off), define("SAM", g.sam), define("SAK", g.sak),
         ("B_OFF(b)", g.b_off), ("Y_OFF(b)", g.y_off), define("BPACK", bool(g.packed_tn)),
         define("SBK", g.sbk), define("SBN", g.sbn), define("B_VEC", g.sbn == 1 and not g.packed_tn),
         define("HAS_C", g.has_c), ("C_OFF(b)", g.c_off), define("SCM", g.scm), define("SCN", g.scn),
+        define("HAS_RES", g.has_res),
         define("ALPHA", float(g.alpha)), define("BETA", float(g.beta)), *act,
     ]
 
 
 def emit_gemm(ctx: LoweringContext, g: GemmShape, args: list[str], act: tuple[tuple[str, str], ...], *,
               label: str, shapes: tuple[tuple[int, ...], ...]) -> None:
-    """Emit the GEMM step with its tuning candidates; ``args`` = A, B, [C], Y."""
-    tn = g.packed_tn or panel_width(g.n)
-    base = gemm_defines(g, tn, act)
+    """Emit the GEMM step with its tuning candidates; ``args`` = A, B, [C], [R], Y."""
+    base = gemm_defines(g, act)
     variants = []
-    for tm in _tile_rows(g.m):
+    for tm, tn in _tiles(g.m, g.n, g.packed_tn or panel_width(g.n)):
         grid = (ceil_div(g.n, tn), ceil_div(g.m, tm), g.batch)
-        variants.append(Variant(tuple(base + [define("TM", tm)]), grid, None))
-    tm = _tile_rows(g.m)[0]
-    if ceil_div(g.n, tn) >= 8 and ceil_div(g.m, tm) >= 8:
+        variants.append(Variant(tuple(base + [define("TM", tm), define("TN", tn)]), grid, None))
+    tm, tn = _tiles(g.m, g.n, g.packed_tn or panel_width(g.n))[0]
+    if ceil_div(g.n, tn) >= 8 and ceil_div(g.m, tm) >= 8:  # an explicit work-group for GPUs
         grid = (ceil_div(ceil_div(g.n, tn), 8) * 8, ceil_div(ceil_div(g.m, tm), 8) * 8, g.batch)
-        variants.append(Variant(tuple(base + [define("TM", tm)]), grid, (8, 8, 1)))
+        variants.append(Variant(tuple(base + [define("TM", tm), define("TN", tn)]), grid, (8, 8, 1)))
     key = (f"gemm M{g.m} N{g.n} K{g.k} b{g.batch} packed{g.packed_tn} sa{g.sam},{g.sak} "
            f"sb{g.sbk},{g.sbn} c{int(g.has_c)}")
     ctx.emit("gemm", "gemm", args, variants, label=label, shapes=shapes,
@@ -122,7 +129,9 @@ def lower_gemm(ctx: LoweringContext, group: NodeGroup) -> None:
         scm, scn = broadcast_strides(ctx.shape(c), (m, n))
         spec.update(has_c=True, scm=scm, scn=scn)
         args.append(c)
-    emit_gemm(ctx, GemmShape(**spec), args + [out], group.activate(ctx), label=group.label,
+    residual, _ = group.residual_args(ctx, (m, n))
+    spec.update(has_res=bool(residual))
+    emit_gemm(ctx, GemmShape(**spec), args + residual + [out], group.activate(ctx), label=group.label,
               shapes=(a_shape, b_shape))
 
 
@@ -155,7 +164,11 @@ def lower_matmul(ctx: LoweringContext, group: NodeGroup) -> None:
             bias = candidate
         else:  # the Add broadcasts in a way the epilogue cannot: run it on its own
             lower_matmul(ctx, group.without_bias())
-            lower_binary(ctx, NodeGroup(group.bias_add, None, None, group.activations, group.label))
+            if group.residual is None:
+                lower_binary(ctx, NodeGroup(group.bias_add, None, None, group.activations, group.label))
+            else:
+                lower_binary(ctx, NodeGroup(group.bias_add, None, None, (), group.label))
+                lower_binary(ctx, NodeGroup(group.residual, None, None, group.activations, group.label))
             return
     out = ctx.output(group.out, out_shape)
     spec: dict[str, object] = dict(k=k, n=n, sam=k, sak=1)
@@ -181,6 +194,9 @@ def lower_matmul(ctx: LoweringContext, group: NodeGroup) -> None:
         bias_shape = ctx.shape(bias)
         spec.update(has_c=True, scn=1 if bias_shape and bias_shape[-1] == n and n > 1 else 0)
         args.append(bias)
+    residual, _ = group.residual_args(ctx, out_shape)
+    spec.update(has_res=bool(residual))
+    args += residual
     emit_gemm(ctx, GemmShape(**spec), args + [out], group.activate(ctx), label=group.label,
               shapes=(a_shape, b_shape))
 

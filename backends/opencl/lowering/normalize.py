@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from backends.opencl.attrs import node_attrs
 from backends.opencl.lowering import NodeGroup
 from backends.opencl.lowering.context import LoweringContext, NotLowerableError, define, flat_variant, int_list
 from backends.opencl.lowering.index import broadcast_offset, offset_expr, strides
 from backends.opencl.plan import elems_of
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def _axis(axis: int, rank: int, what: str) -> int:
@@ -69,7 +74,7 @@ _REDUCERS = {
 }
 
 
-def _reduce_axes(ctx: LoweringContext, node, rank: int) -> list[int] | None:
+def _reduce_axes(ctx: LoweringContext, node: "onnx.NodeProto", rank: int) -> list[int] | None:
     """Normalised axes; None means 'reduce nothing' (noop_with_empty_axes)."""
     attrs = node_attrs(node)
     if "axes" in attrs:

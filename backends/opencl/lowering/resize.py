@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from backends.opencl.attrs import node_attrs
@@ -9,17 +11,21 @@ from backends.opencl.lowering import NodeGroup
 from backends.opencl.lowering.context import LoweringContext, NotLowerableError, define, flat_variant
 from backends.opencl.plan import elems_of
 
+if TYPE_CHECKING:
+    import onnx
+
 _COORD_MODES = {"half_pixel": 0, "asymmetric": 1, "align_corners": 2, "pytorch_half_pixel": 3,
                 "half_pixel_symmetric": 4}
 _NEAREST_MODES = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
 
 
-def _present(ctx: LoweringContext, node, slot: int, what: str) -> np.ndarray | None:
+def _present(ctx: LoweringContext, node: "onnx.NodeProto", slot: int, what: str) -> np.ndarray | None:
     value = ctx.optional_value(node, slot, what)
     return value if value is not None and value.size else None
 
 
-def resize_geometry(ctx: LoweringContext, node, shape: tuple[int, ...]) -> tuple[list[float], list[int]]:
+def resize_geometry(ctx: LoweringContext, node: "onnx.NodeProto", shape: tuple[int, ...]
+                    ) -> tuple[list[float], list[int]]:
     """Per-dim scales (output/input, as the coordinate maps use them) and output sizes."""
     attrs = node_attrs(node)
     rank = len(shape)

@@ -412,10 +412,19 @@ def _residual(rng):
 REFERENCE_ORACLE = {"pad_wrap"}
 
 
+def _case_inputs(name: str) -> tuple:
+    return CASES[name](np.random.default_rng(sorted(CASES).index(name) + 11))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuild_kernels(ocl_backend) -> None:
+    """One program build for every case's kernels (PoCL pays ~0.3 s per build)."""
+    ocl_backend.prebuild([_case_inputs(name) for name in CASES], CompileOptions())
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_op_matches_onnxruntime(name: str, ocl_backend) -> None:
-    rng = np.random.default_rng(sorted(CASES).index(name) + 11)
-    model, feeds = CASES[name](rng)
+    model, feeds = _case_inputs(name)
     executable = ocl_backend.compile(model, CompileOptions())
     got = executable.run(feeds)
     oracle = reference_outputs if name in REFERENCE_ORACLE else ort_outputs
