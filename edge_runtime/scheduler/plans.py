@@ -18,7 +18,7 @@ Optional plan attributes the scheduler reads (``getattr`` with a default):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -83,3 +83,8 @@ def plan_kind(name: str, plan: Plan) -> str:
         return "hybrid" if backends - GPU_BACKENDS else "gpu"
     # A stand-in placed on the GPU worker (tests, a delegate-backed plan) counts as a GPU plan.
     return "gpu" if getattr(plan, "device", "") == "gpu" else "cpu"
+
+
+def model_plans(model: Any) -> dict[str, Plan]:
+    """The single plan of a loaded ``Model``: its backend, running without re-validation."""
+    return {model.backend: CallablePlan(model.backend, tuple(model.backend_nodes), model._run_validated)}

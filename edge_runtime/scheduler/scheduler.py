@@ -316,9 +316,3 @@ class ModelScheduler:
                 "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
                 "estimates_ms": self.policy.estimates_ms(), **dict(self.counters)}
 
-
-def model_plans(model: Any) -> dict[str, Plan]:
-    """The single plan of a loaded ``Model``: its backend, running without re-validation."""
-    from edge_runtime.scheduler.plans import CallablePlan
-
-    return {model.backend: CallablePlan(model.backend, tuple(model.backend_nodes), model._run_validated)}

@@ -199,8 +199,13 @@ def build_dispatcher(name: str, path: Path, model: Any | None, config: ModelConf
                                                                    getattr(plan, "tail_local", None)) if part)
     scheduler = None
     if model is not None:
-        scheduler = scheduler_for(model, config, runtime, services.monitor,
-                                  extra_plans={**plans, **(extra_plans or {})})
+        try:
+            scheduler = scheduler_for(model, config, runtime, services.monitor,
+                                      extra_plans={**plans, **(extra_plans or {})})
+        except BaseException:
+            for part in closables:
+                part.close()
+            raise
     if not use_cloud:
         return Dispatcher(name, scheduler, cloud, closables=closables)
     # The router sends whole requests: "split" (the best cut now), else the one cut or the whole model.

@@ -10,6 +10,7 @@ own request counters.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -34,8 +35,6 @@ class SlowPlan:
         self.name, self.backends, self.inner = inner.name, inner.backends, inner
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import time
-
         time.sleep(SLOW_LOCAL_S)
         return self.inner.run(feeds)
 

@@ -21,11 +21,13 @@
 #define PVLOAD_2(t) vload2(0, (t))
 #define PVLOAD_4(t) vload4(0, (t))
 #define PVLOAD_8(t) vload8(0, (t))
+#define PVLOAD_16(t) vload16(0, (t))
 #define PVLOAD(w, t) CAT2(PVLOAD_, w)(t)
 #define PVSTORE_1(v, t) ((t)[0] = (v))
 #define PVSTORE_2(v, t) vstore2((v), 0, (t))
 #define PVSTORE_4(v, t) vstore4((v), 0, (t))
 #define PVSTORE_8(v, t) vstore8((v), 0, (t))
+#define PVSTORE_16(v, t) vstore16((v), 0, (t))
 #define PVSTORE(w, v, t) CAT2(PVSTORE_, w)(v, t)
 
 // Every convolution kernel takes X, W, [bias], [R], Y.
@@ -43,6 +45,25 @@
     __global store_t* restrict Y
 
 #ifdef ENTRY_conv2d
+// PADDED: the lowering padded the input so that every read of every tile is
+// in bounds; TP outputs then come from one vector load (stride 1) or one
+// double-width load and its even lanes (stride 2).
+#if PADDED && SW == 1 && TP > 1
+#define LOAD_PADDED(p) LDVEC(TP, (p), 0)
+#elif PADDED && SW == 2 && TP == 8
+#define LOAD_PADDED(p) LDV16((p), 0).even
+#elif PADDED && SW == 2 && TP == 4
+#define LOAD_PADDED(p) LDV8((p), 0).even
+#else
+#define LOAD_PADDED(p) FN(gather)(p)
+#endif
+inline VEC(TP) FN(gather)(const __global store_t* p) {
+    float xt[TP];
+#pragma unroll
+    for (int q = 0; q < TP; q++) xt[q] = LD(p, q * SW);
+    return PVLOAD(TP, xt);
+}
+
 __kernel void FN(conv2d)(CONV_PARAMS) {
     const int ow0 = get_global_id(0) * TP;
     const int oh = get_global_id(1);
@@ -66,11 +87,16 @@ __kernel void FN(conv2d)(CONV_PARAMS) {
         const __global store_t* xc = xg + ci * (IH * IW);
         for (int kh = 0; kh < KH; kh++) {
             const int ih = ih0 + kh * DH;
+#if !PADDED
             if (ih < 0 || ih >= IH) continue;
+#endif
             const __global store_t* xr = xc + ih * IW;
             for (int kw = 0; kw < KW; kw++) {
                 const int iw = iw0 + kw * DW;
                 VEC(TP) xv;
+#if PADDED
+                xv = LOAD_PADDED(xr + iw);
+#else
                 if (SW == 1 && TP > 1 && iw >= 0 && iw + TP <= IW) {
                     xv = LDVEC(TP, xr + iw, 0);
                 } else {
@@ -82,6 +108,7 @@ __kernel void FN(conv2d)(CONV_PARAMS) {
                     }
                     xv = PVLOAD(TP, xt);
                 }
+#endif
                 const int woff = (ci * KH + kh) * KW + kw;
 #pragma unroll
                 for (int t = 0; t < TCO; t++)
@@ -114,6 +141,7 @@ __kernel void FN(conv2d)(CONV_PARAMS) {
         }
     }
 }
+#undef LOAD_PADDED
 #endif  // ENTRY_conv2d
 
 #ifdef ENTRY_depthwise_rows

@@ -205,14 +205,20 @@ def lower_pad(ctx: LoweringContext, group: NodeGroup) -> None:
             for i, a in enumerate(axes):
                 full[a], full[a + rank] = pads[i], pads[i + len(axes)]
             pads = full
-    begin, end = pads[:rank], pads[rank:]
+    emit_pad(ctx, group.label, x, group.out, pads[:rank], pads[rank:], mode, value)
+
+
+def emit_pad(ctx: LoweringContext, label: str, x: str, out_name: str, begin: list[int], end: list[int],
+             mode: str = "constant", value: float = 0.0) -> str:
+    """Copy ``x`` into a new tensor ``out_name`` padded by ``begin``/``end`` per dim; returns its name."""
+    shape = ctx.shape(x)
     out_shape = tuple(s + b + e for s, b, e in zip(shape, begin, end))
     if any(d < 0 for d in out_shape):
-        raise NotLowerableError(f"Pad {pads} of {shape} gives a negative size")
-    out = ctx.output(group.out, out_shape)
+        raise NotLowerableError(f"padding {begin}/{end} of {shape} gives a negative size")
+    out = ctx.output(out_name, out_shape)
     in_st, out_st = strides(shape), strides(out_shape)
     terms, checks = [], []
-    for d in range(rank):
+    for d in range(len(shape)):
         coord = f"(((i) / {out_st[d]}) % {out_shape[d]})"
         src = f"({coord} - {begin[d]})" if begin[d] else coord
         if begin[d] or end[d]:
@@ -223,8 +229,8 @@ def lower_pad(ctx: LoweringContext, group: NodeGroup) -> None:
         terms.append(f"({src}) * {in_st[d]}")
     src_off = "(" + " + ".join(terms) + ")" if terms else "0"
     valid = "(" + " && ".join(checks) + ")" if checks else None
-    _emit_copy(ctx, group.label, x, out, elems_of(out_shape), src_off, valid=valid,
-               pad_value=value, shapes=(shape,))
+    _emit_copy(ctx, label, x, out, elems_of(out_shape), src_off, valid=valid, pad_value=value, shapes=(shape,))
+    return out
 
 
 LOWERINGS = {op: lower_view for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
