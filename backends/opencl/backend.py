@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from backends.base import Availability, CompileOptions, ModelSource, TensorSpec
 from backends.errors import BackendUnavailableError, UnsupportedNodesError
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from backends.opencl.builder import ProgramBuilder
     from backends.opencl.executable import OpenCLExecutable
+    from backends.opencl.plan import Program
     from backends.opencl.tuning import Tuner
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,10 @@ class OpenCLBackend:
             raise error
         builder, tuner, half = self._toolchain(options)
 
-        def make_runner(program, *, label: str, plan_s: float) -> PreparedProgram:
-            return PreparedProgram(program, builder, tuner, half=half, label=label, plan_s=plan_s)
+        def make_runner(program: "Program", *, label: str, plan_s: float,
+                        const_pool: dict[str, Any]) -> PreparedProgram:
+            return PreparedProgram(program, builder, tuner, half=half, label=label, plan_s=plan_s,
+                                   const_pool=const_pool)
 
         executable = OpenCLExecutable(
             analysis, plan_groups(analysis), make_runner, device_info=builder.handle.info,

@@ -47,6 +47,7 @@ class OpenCLExecutable:
         self._max = max(1, max_specialisations)
         self._label = model_label
         self._cache: OrderedDict[Signature, PreparedProgram] = OrderedDict()
+        self._consts: dict[str, Any] = {}  # device weights shared by the specialisations
         self._lock = threading.Lock()
         self._closed = False
         self.specialisations_built = 0
@@ -98,7 +99,8 @@ class OpenCLExecutable:
                     raise error from exc
                 raise BackendError(f"opencl: cannot specialise {self._label} for shapes {shapes}: "
                                    f"{reasons}") from exc
-            runner = self._make_runner(program, label=self._label, plan_s=time.perf_counter() - started)
+            runner = self._make_runner(program, label=self._label, plan_s=time.perf_counter() - started,
+                                       const_pool=self._consts)
             self.specialisations_built += 1
             self._cache[key] = runner
             while len(self._cache) > self._max:
@@ -125,3 +127,4 @@ class OpenCLExecutable:
         with self._lock:
             self._closed = True
             self._cache.clear()
+            self._consts.clear()

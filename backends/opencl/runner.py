@@ -7,6 +7,7 @@ node to the last.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -30,7 +31,12 @@ class PreparedProgram:
     """Built and allocated; ``run`` is thread-safe (one run at a time)."""
 
     def __init__(self, program: Program, builder: ProgramBuilder, tuner: Tuner, *, half: bool,
-                 label: str, plan_s: float) -> None:
+                 label: str, plan_s: float, const_pool: dict[str, Any] | None = None) -> None:
+        """Build (or find) the kernels, plan memory, upload constants.
+
+        ``const_pool`` (content hash -> device buffer) lets the specialisations
+        of one model share their weights instead of uploading them again.
+        """
         import pyopencl as cl
 
         self.program = program
@@ -58,13 +64,17 @@ class PreparedProgram:
                      for n in self.memory.slot_elems]
             self._buffers: dict[int, "cl.Buffer"] = {sid: slots[k] for sid, k in self.memory.slot_of.items()}
             self.const_bytes = 0
+            pool = const_pool if const_pool is not None else {}
             for storage in program.storages:
                 if storage.kind == "const" and storage.host is not None:
                     host = np.ascontiguousarray(storage.host.reshape(-1), dtype=self._dtype)
                     if host.size == 0:
                         host = np.zeros(1, self._dtype)
-                    self._buffers[storage.sid] = cl.Buffer(
-                        self.handle.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+                    key = hashlib.sha1(host.tobytes()).hexdigest() + host.dtype.str
+                    if key not in pool:
+                        pool[key] = cl.Buffer(self.handle.context,
+                                              cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+                    self._buffers[storage.sid] = pool[key]
                     self.const_bytes += host.nbytes
             self._launches = []
             for step, choice, (built, name) in zip(program.steps, choices, kernels):

@@ -32,6 +32,7 @@ DEFAULT_DIM = 64
 
 # Ops that only relabel memory: no FLOPs, no traffic beyond a launch.
 _VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Dropout"})
+_CONV_OPS = frozenset({"Conv", "ConvInteger", "QLinearConv", "ConvTranspose"})
 # FLOPs per output element of elementwise ops costlier than one add.
 _TRANSCENDENTAL = frozenset({"Exp", "Log", "Erf", "Tanh", "Sigmoid", "Pow", "Sqrt", "Gelu", "HardSwish",
                              "Softplus", "Sin", "Cos", "Reciprocal", "Div", "Elu", "Selu", "Mish"})
@@ -44,19 +45,27 @@ _PER_INPUT = {"Softmax": 5, "LogSoftmax": 5, "LayerNormalization": 8, "InstanceN
 
 @dataclass(frozen=True)
 class NodeCost:
-    """Work of one node at the bound shapes: floating-point operations and bytes read + written."""
+    """Work of one node at the bound shapes: floating-point operations and bytes read + written.
+
+    ``conv`` marks convolutions, which backends run at their own speed
+    (``BackendSpeed.conv_gflops``): a naive OpenCL conv can be far slower than
+    the same backend's matrix product.
+    """
 
     flops: float
     mem_bytes: float
+    conv: bool = False
 
 
 @dataclass(frozen=True)
 class BackendSpeed:
     """How fast a backend is, measured (``calibration``) or assumed.
 
-    ``stage_us`` is the fixed cost of one ``Executable.run`` call (feeds
-    handling, queue submit, sync); ``launch_us`` the cost of each node in it.
-    ``copy_gbps`` None marks a backend that works in host memory.
+    ``gflops`` is measured on a matrix product, ``conv_gflops`` on a 3x3
+    convolution (None: same as ``gflops``). ``stage_us`` is the fixed cost of
+    one ``Executable.run`` call (feeds handling, queue submit, sync);
+    ``launch_us`` the cost of each node in it. ``copy_gbps`` None marks a
+    backend that works in host memory.
     """
 
     backend: str
@@ -66,13 +75,15 @@ class BackendSpeed:
     stage_us: float
     copy_gbps: float | None = None
     copy_latency_us: float = 0.0
+    conv_gflops: float | None = None
 
     @property
     def on_host(self) -> bool:
         return self.copy_gbps is None
 
     def node_s(self, cost: NodeCost) -> float:
-        return max(cost.flops / (self.gflops * 1e9), cost.mem_bytes / (self.mem_gbps * 1e9)) + self.launch_us * 1e-6
+        gflops = self.conv_gflops if cost.conv and self.conv_gflops else self.gflops
+        return max(cost.flops / (gflops * 1e9), cost.mem_bytes / (self.mem_gbps * 1e9)) + self.launch_us * 1e-6
 
     def copy_s(self, nbytes: float) -> float:
         """Seconds to move one tensor of ``nbytes`` between host and this backend's memory."""
@@ -86,9 +97,10 @@ class BackendSpeed:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "BackendSpeed":
         known = {k: data[k] for k in ("backend", "gflops", "mem_gbps", "launch_us", "stage_us",
-                                      "copy_gbps", "copy_latency_us") if k in data}
+                                      "copy_gbps", "copy_latency_us", "conv_gflops") if k in data}
         speed = cls(**known)
-        if not (speed.gflops > 0 and speed.mem_gbps > 0 and speed.launch_us >= 0 and speed.stage_us >= 0):
+        if not (speed.gflops > 0 and speed.mem_gbps > 0 and speed.launch_us >= 0 and speed.stage_us >= 0
+                and (speed.conv_gflops is None or speed.conv_gflops > 0)):
             raise ValueError(f"implausible speed for {speed.backend!r}: {speed}")
         return speed
 
@@ -239,7 +251,7 @@ def node_cost(node: "onnx.NodeProto", specs: Mapping[str, TensorSpec]) -> NodeCo
         flops = out_elems * 4
     else:
         flops = out_elems
-    return NodeCost(flops, mem)
+    return NodeCost(flops, mem, conv=op in _CONV_OPS)
 
 
 def _elements(spec: TensorSpec | None) -> float:

@@ -5,8 +5,9 @@
   (and accelerator islands too small to pay for their copies).
 * ``hybrid``: a two-sided cut balancing accelerator and host, for pipelined
   throughput (``PlanExecutor.run_many``).
-* ``auto``: the lowest estimated latency among ``cpu``, ``gpu`` and the
-  cost-driven partition over both backends.
+* ``auto``: the lower estimated latency of ``gpu`` and the cost-driven
+  partition over both backends, if ``AUTO_MIN_SPEEDUP`` times faster than
+  ``cpu``; else ``cpu``.
 
 Without a usable accelerator only ``cpu`` and ``auto`` (equal to ``cpu``) exist.
 """
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PLAN_NAMES = ("cpu", "gpu", "hybrid", "auto")
+AUTO_MIN_SPEEDUP = 1.5
+"""``auto`` leaves the host only for a plan estimated this many times faster."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,15 @@ class Planner:
             return PlanLayout(name, partitioner.offload(view, table, acc, host))
         if name == "hybrid":
             return PlanLayout(name, partitioner.pipeline(view, table, acc, host))
-        candidates = [partitioner.fastest(view, table, (acc, host)), partitioner.offload(view, table, acc, host)]
+        best = min(partitioner.fastest(view, table, (acc, host)), partitioner.offload(view, table, acc, host),
+                   key=lambda p: p.latency_s)
         if all(n.index in table.claims[host] for n in view.nodes):
-            candidates.insert(0, layout(view, table, [host] * len(view)))
-        return PlanLayout(name, min(candidates, key=lambda p: p.latency_s))
+            host_only = layout(view, table, [host] * len(view))
+            # NOTE: estimates carry calibration noise, and each stage moved off the host costs kernel
+            # builds and risk: leave the host only for a clear gain.
+            if best.latency_s * AUTO_MIN_SPEEDUP > host_only.latency_s:
+                best = host_only
+        return PlanLayout(name, best)
 
     def estimate_ms(self, plan: PlanLayout, input_shapes: Mapping[str, Sequence[int]]) -> float:
         """Estimated latency of ``plan``'s stages at other input sizes (say, a batch the batcher forms)."""

@@ -78,6 +78,7 @@ def test_flops_of_conv_matmul_and_gemm_are_the_textbook_count() -> None:
         for node in model.graph.node:
             cost = node_cost(node, specs)
             out = shapes[node.output[0]]
+            assert cost.conv == (node.op_type == "Conv")
             if node.op_type == "Conv":
                 c_out, c_in, kh, kw = weights[node.input[1]]
                 assert cost.flops == 2 * math.prod(out) * c_in * kh * kw
@@ -115,6 +116,10 @@ def test_copy_and_node_time_follow_the_roofline() -> None:
     memory_bound = NodeCost(flops=1e6, mem_bytes=1e9)
     assert device.node_s(compute_bound) == pytest.approx(1e9 / 100e9 + 10e-6)
     assert device.node_s(memory_bound) == pytest.approx(1e9 / 50e9 + 10e-6)
+    conv_device = BackendSpeed("gpu", gflops=100.0, mem_gbps=50.0, launch_us=10.0, stage_us=30.0, conv_gflops=10.0)
+    conv = NodeCost(flops=1e9, mem_bytes=1e6, conv=True)
+    assert conv_device.node_s(conv) == pytest.approx(1e9 / 10e9 + 10e-6), "convolutions at their own speed"
+    assert device.node_s(conv) == device.node_s(compute_bound), "no conv speed: the matmul speed"
     with pytest.raises(ValueError, match="implausible"):
         BackendSpeed.from_dict({**device.to_dict(), "gflops": 0.0})
     assert BackendSpeed.from_dict(device.to_dict()) == device

@@ -141,3 +141,25 @@ def _claims_any(backend: Any, model: Any) -> bool:
 
     specs = tensor_specs(model)
     return any(backend.supports(node, specs) for node in model.graph.node)
+
+
+def test_auto_leaves_the_host_only_for_a_clear_gain(options) -> None:
+    from backends.cpu import CPUBackend
+    from edge_runtime.planning.cost import BackendSpeed
+    from edge_runtime.planning.plans import AUTO_MIN_SPEEDUP, Planner
+    from planning_fakes import RefusingBackend
+
+    model = chain()
+    host = BackendSpeed("cpu", gflops=10.0, mem_gbps=10.0, launch_us=1.0, stage_us=1.0)
+    picked = {}
+    for factor in (1.2, 10.0):  # how much faster the accelerator computes
+        accel = BackendSpeed("restricted", gflops=10.0 * factor, mem_gbps=10.0 * factor, launch_us=1.0,
+                             stage_us=1.0, copy_gbps=1e3, copy_latency_us=0.0)
+        planner = Planner(model, {"cpu": CPUBackend(), "restricted": RefusingBackend(CPUBackend(), "restricted")},
+                          {"cpu": host, "restricted": accel}, accelerator="restricted", input_shapes={"x": (64, 256)})
+        auto, cpu = planner.layout("auto").partition, planner.layout("cpu").partition
+        picked[factor] = auto.backends
+        assert auto.latency_s <= cpu.latency_s
+        if auto.backends != ("cpu",):
+            assert auto.latency_s * AUTO_MIN_SPEEDUP <= cpu.latency_s
+    assert picked == {1.2: ("cpu",), 10.0: ("restricted",)}

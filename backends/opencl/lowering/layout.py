@@ -216,6 +216,15 @@ def emit_pad(ctx: LoweringContext, label: str, x: str, out_name: str, begin: lis
     if any(d < 0 for d in out_shape):
         raise NotLowerableError(f"padding {begin}/{end} of {shape} gives a negative size")
     out = ctx.output(out_name, out_shape)
+    rank = len(shape)
+    if (mode == "constant" and rank >= 2 and not any(begin[:-2]) and not any(end[:-2])
+            and min(begin + end) >= 0):
+        planes, rows = elems_of(shape[:-2]), elems_of(out_shape[:-2]) * out_shape[-2]
+        defines = [define("PLANES", planes), define("IH", shape[-2]), define("IW", shape[-1]),
+                   define("OHP", out_shape[-2]), define("OWP", out_shape[-1]), define("TOP", begin[-2]),
+                   define("LEFT", begin[-1]), ("PAD_VALUE", render_float(value))]
+        ctx.emit("layout", "pad2d", [x, out], [flat_variant(defines, rows)], label=label, shapes=(shape,))
+        return out
     in_st, out_st = strides(shape), strides(out_shape)
     terms, checks = [], []
     for d in range(len(shape)):
