@@ -49,8 +49,7 @@ def _best_s(fn: Callable[[], object], repeat: int) -> float:
 def _interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Best seconds of each function, measured round-robin so machine noise hits all alike.
 
-    Each round runs each function three times back to back (thread pools of
-    BLAS and of the OpenCL driver settle in) and keeps the best.
+    Each round runs each function three times back to back and keeps the best.
     """
     for fn in fns.values():  # warm-up: first-run compiles and caches
         fn()
@@ -64,13 +63,18 @@ def _interleaved(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str,
 def _ort_session(model: Any) -> Any:
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # NOTE: ORT's worker threads spin after a run by default; in a process that
+    # alternates ORT with numpy and OpenCL they would steal the cores from the
+    # next measurement.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _kernel_us(executable: Any, label_part: str) -> float:
-    """Device time of the steps whose kernel name contains ``label_part`` (best of 5)."""
+    """Device time of the steps whose kernel name contains ``label_part`` (each best of 15)."""
     runner = next(iter(executable._cache.values()))  # noqa: SLF001 (benchmark introspection)
-    rows = runner.profile(repeats=5)
+    rows = runner.profile(repeats=15)
     return sum(r["best_us"] for r in rows if label_part in r["kernel"])
 
 
@@ -136,18 +140,40 @@ def bench_conv(backend: Any, name: str, cin: int, cout: int, size: int, kernel: 
     got = executable.run({"x": x})["y"]
     want = session.run(None, {"x": x})[0]
     error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-    k_dim = cin // groups * kernel * kernel
-    # numpy's yardstick: the sgemm with this conv's FLOPs (what im2col + BLAS would run).
-    a = np.ascontiguousarray(w.reshape(cout, -1)[: max(cout // groups, 1)] if groups > 1 else w.reshape(cout, -1))
-    m_dim = a.shape[0]
-    cols = np.random.default_rng(2).standard_normal((k_dim, size * size * groups)).astype(np.float32)
-    flops = 2.0 * cout * k_dim * size * size
-    times = _interleaved({"numpy": lambda: a @ cols, "opencl": lambda: executable.run({"x": x}),
+    flops = 2.0 * cout * (cin // groups) * kernel * kernel * size * size
+    numpy_fn, numpy_flops = _numpy_conv_yardstick(w, x, groups)
+    times = _interleaved({"numpy": numpy_fn, "opencl": lambda: executable.run({"x": x}),
                           "onnxruntime": lambda: session.run(None, {"x": x})}, repeat)
-    times["numpy"] *= flops / (2.0 * m_dim * k_dim * cols.shape[1])  # scale to this conv's FLOPs
-    return _rate_row(flops, _kernel_us(executable, "conv") + _kernel_us(executable, "gemm"), times,
+    times["numpy"] *= flops / numpy_flops  # numpy's rate, expressed on this conv's FLOPs
+    # Every step counts (a padding copy before a 3x3 convolution included).
+    return _rate_row(flops, _kernel_us(executable, ""), times,
                      {"conv": name, "cin": cin, "cout": cout, "size": size, "kernel": kernel,
                       "groups": groups, "max_rel_error": error})
+
+
+def _numpy_conv_yardstick(w: np.ndarray, x: np.ndarray, groups: int) -> tuple[Callable[[], object], float]:
+    """What numpy does best for this conv, and its FLOPs.
+
+    Dense: the sgemm an im2col + BLAS convolution runs (same shape, same FLOPs).
+    Depthwise: a sum of shifted slices times per-channel weights (no GEMM fits).
+    """
+    cout, cin_g, kernel, _ = w.shape
+    size = x.shape[-1]
+    if groups == 1:
+        a = np.ascontiguousarray(w.reshape(cout, -1))
+        cols = np.random.default_rng(2).standard_normal((cin_g * kernel * kernel, size * size)).astype(np.float32)
+        return (lambda: a @ cols), 2.0 * a.shape[0] * a.shape[1] * cols.shape[1]
+    pad = kernel // 2
+    xp = np.pad(x[0], ((0, 0), (pad, pad), (pad, pad)))
+    taps = [(w[:, 0, i, j, None, None], i, j) for i in range(kernel) for j in range(kernel)]
+
+    def depthwise() -> np.ndarray:
+        out = np.zeros((cout, size, size), np.float32)
+        for weight, i, j in taps:
+            out += weight * xp[:, i:i + size, j:j + size]
+        return out
+
+    return depthwise, 2.0 * cout * kernel * kernel * size * size
 
 
 def bench_models(backend: Any, repeat: int, image_size: int) -> list[dict[str, Any]]:
@@ -199,8 +225,8 @@ def bench_compile(image_size: int) -> dict[str, Any]:
             spec = executable.describe()["specialisations"][0]
             out[label] = {"compile_and_first_run_s": round(elapsed, 3), "phases_s": spec["times_s"],
                           "counters": backend.stats.snapshot()}
-    out["note"] = ("'cached' reuses program binaries and tuning choices from the cache dir; "
-                   "PoCL's own kernel cache also serves its per-kernel JIT in the same process")
+    out["note"] = ("'cached' reuses program binaries and tuning choices from the cache dir; PoCL's "
+                   "own kernel cache (see pocl_kernel_cache) also serves its per-kernel JIT")
     return out
 
 
@@ -286,7 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (best kept)")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (a smoke run)")
     parser.add_argument("--plot", type=Path, help="write a PNG chart here")
+    parser.add_argument("--cold-pocl-cache", action="store_true",
+                        help="point PoCL's own kernel cache at an empty temp dir, so first-compile "
+                             "times include PoCL's per-kernel JIT (set before the driver loads)")
     args = parser.parse_args(argv)
+    pocl_cache = "default (~/.cache/pocl; may already hold these kernels)"
+    if args.cold_pocl_cache:
+        import os
+
+        os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="pocl-cold-")
+        pocl_cache = "fresh temp dir"
     from backends.opencl import OpenCLBackend
     from backends.opencl.device import describe_info, shared_device
 
@@ -307,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {
         "device": describe_info(shared_device().info), "numpy": np.__version__,
-        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime": onnxruntime.__version__, "pocl_kernel_cache": pocl_cache,
         "gemm": [bench_gemm(backend, n, repeat) for n in sizes],
         "conv": [bench_conv(backend, *c, repeat=repeat) for c in convs],
         "models": bench_models(backend, repeat, image),

@@ -2,8 +2,19 @@
 
 Written for mobile GPUs (Adreno, Mali); verified on PoCL, the CPU OpenCL
 driver. ``compile`` analyses the graph (what folds on the host, what runs on
-the device, what fuses), and specialises it for static input shapes; models
-with symbolic dims specialise on their first run per input signature.
+the device, what fuses) and specialises it for static input shapes; models
+with symbolic dims specialise on their first run per input signature (an LRU
+of ``max_specialisations``). Graph inputs used only as parameters (a Resize's
+scales, a Reshape's shape) are bound by value the same way.
+
+Specialisation puts every size in the kernel source as ``#define`` lines, the
+equivalent of ``-D`` options, but per kernel instance, so a whole graph
+builds as one program (see ``source.py``).
+
+Caches under ``cache_dir/opencl/``: ``canary.json`` (driver canary verdicts),
+``binaries/`` (checksummed program binaries), ``tuning.json`` (tile and
+work-group choices). fp16 (``precision="fp16"``) stores tensors in half and
+computes in float; it needs ``cl_khr_fp16``.
 """
 
 from __future__ import annotations

@@ -76,11 +76,10 @@ def check_device(info: DeviceInfo, cache_root: Path | None, timeout_s: float) ->
 
 
 def _run_child(timeout_s: float) -> CanaryResult:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     started = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "backends.opencl.canary"], env=env,
+        # cwd: ``-m`` then finds this package whether installed or run from a checkout.
+        done = subprocess.run([sys.executable, "-m", "backends.opencl.canary"], cwd=str(_PROJECT_ROOT),
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return CanaryResult(False, f"canary hung: no answer within {timeout_s:g} s")
