@@ -8,11 +8,16 @@ too; they are re-exported here for tests and benchmarks.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import onnx
 
-from edge_runtime.model_zoo import BUILDERS, build_mlp, build_mobilenet, build_transformer
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from edge_runtime.model_zoo import BUILDERS, build_mlp, build_mobilenet, build_transformer  # noqa: E402
 
 __all__ = ["BUILDERS", "build_mlp", "build_mobilenet", "build_transformer", "main"]
 
