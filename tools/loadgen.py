@@ -62,7 +62,7 @@ def _pct(values: np.ndarray, q: float) -> float:
 
 def build_request(metadata: dict[str, Any], batch: int, binary: bool, seed: int = 0) -> tuple[bytes, dict[str, str]]:
     """One request body for the model described by ``metadata`` (dynamic dims become ``batch``)."""
-    from edge_runtime.server.codec import DATATYPES, encode_request
+    from edge_runtime.protocol.codec import DATATYPES, encode_request
 
     rng = np.random.default_rng(seed)
     inputs = {}

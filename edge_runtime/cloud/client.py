@@ -186,7 +186,7 @@ class CloudClient:
 
     async def _infer(self, model: str, feeds: Mapping[str, np.ndarray], request_id: str | None,
                      timeout_ms: float) -> CloudCall:
-        from edge_runtime.server.codec import encode_request
+        from edge_runtime.protocol.codec import encode_request
 
         binary = self.config.binary_tensors
         # NOTE: encode before asking the breaker: an encoding error after a half-open allow()

@@ -1,6 +1,6 @@
 """Client side of the KServe v2 wire format: decoding an inference *response*.
 
-Requests are encoded with the server's codec (``edge_runtime.server.codec.encode_request``);
+Requests are encoded with the server's codec (``edge_runtime.protocol.codec.encode_request``);
 the codec decodes requests only, so the response half lives here. A response is
 a JSON header (``outputs``: name, datatype, shape, then ``data`` or
 ``parameters.binary_data_size``), optionally followed by binary tensor bytes
@@ -35,7 +35,7 @@ class DecodedResponse:
 
 def decode_response(body: bytes, header_length: int | None, model: str) -> DecodedResponse:
     """Outputs (numpy, native byte order) and response parameters; raises CloudResponseError."""
-    from edge_runtime.server.codec import DATATYPES, from_bytes, from_json
+    from edge_runtime.protocol.codec import DATATYPES, from_bytes, from_json
 
     where = f"cloud response of model {model!r}"
     if header_length is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.server.codec import (
+from edge_runtime.protocol.codec import (
     EncodedResponse,
     InferRequest,
     check_outputs,

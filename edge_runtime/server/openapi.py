@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from edge_runtime.server.codec import DATATYPES
+from edge_runtime.protocol.codec import DATATYPES
 
 if TYPE_CHECKING:
     from edge_runtime.server.routes import Route

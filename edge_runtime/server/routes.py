@@ -16,7 +16,7 @@ from aiohttp import web
 import edge_runtime
 from edge_runtime.errors import InvalidInputError
 from edge_runtime.server import inference
-from edge_runtime.server.codec import EncodedResponse, wire_datatype, wire_shape
+from edge_runtime.protocol.codec import EncodedResponse, wire_datatype, wire_shape
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
 from edge_runtime.server.layout import check_model_name, parse_version

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from edge_runtime.errors import QueueFullError
-from edge_runtime.server.codec import EncodedResponse
+from edge_runtime.protocol.codec import EncodedResponse
 from edge_runtime.server.errors import TaskNotFoundError, mapping_of, public_message
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_fixtures import TOKEN, ServerProcess, build_cnn, build_det, cnn_feeds, ort_outputs, write_model
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 
 SLOW_LOCAL_S = 0.5  # the "fallback" model's local plan: long enough for its 1-slot queue to overflow
 CNN_CLOUD = '[serving]\nbackend = "cpu"\n[cloud]\nmode = "{mode}"\nremote_model = "cnn"\n'

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as triton
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 from server_fixtures import WIRE, triton_inputs, type_feeds
 
 

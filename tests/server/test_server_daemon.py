@@ -16,7 +16,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_runtime.model_zoo import build_mobilenet
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 from server_fixtures import ROOT, free_port, ort_run, write
 
 REQUESTS = 8

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edge_runtime import errors
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 from edge_runtime.server.errors import (
     RequestTooLargeError,
     TaskNotFoundError,

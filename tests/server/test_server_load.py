@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.load_monitor import LoadConfig
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 from edge_runtime.server.config import load_settings
 from server_fixtures import ort_run
 from test_server_metrics import sampled_metrics, value

@@ -12,7 +12,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_runtime.errors import BackendError
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

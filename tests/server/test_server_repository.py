@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.model_zoo import build_mlp
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 from server_fixtures import ort_run, write
 
 

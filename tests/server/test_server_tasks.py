@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_runtime.server import codec
+from edge_runtime.protocol import codec
 from server_fixtures import ort_run
 
 

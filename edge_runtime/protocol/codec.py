@@ -20,7 +20,7 @@ import numpy as np
 
 from backends.base import TensorSpec
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.server.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
+from edge_runtime.protocol.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
 
 __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "check_outputs", "decode_request",
            "encode_request", "encode_response", "feeds_for", "schedule_parameters", "wire_datatype", "wire_shape"]
