@@ -1,7 +1,7 @@
 """Dynamic batching: which requests may share a run, how rows are joined and split back.
 
 A model batches when the first dimension of every input and every output is
-symbolic (``"batch"`` or unknown). Requests are *compatible* when their
+dynamic and the load-time experiment finds its rows independent (``batch_probe.py``). Requests are *compatible* when their
 inputs have the same dtypes and the same non-batch dimensions, and each
 request's inputs agree on their row count. Compatible requests are joined
 along dim 0; each output is cut back into exactly the rows of each request,
@@ -32,15 +32,8 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from backends.base import TensorSpec
 from edge_runtime.errors import BackendError
 from edge_runtime.scheduler.config import BatchingConfig
-
-
-def has_batch_dim(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
-    """Whether dim 0 of every input and output is symbolic (so rows can be joined and split)."""
-    specs = [*inputs, *outputs]
-    return bool(inputs) and all(spec.shape and not isinstance(spec.shape[0], int) for spec in specs)
 
 
 def request_rows(feeds: Mapping[str, np.ndarray]) -> int | None:

@@ -29,6 +29,7 @@ from edge_runtime.errors import (
     ModelLoadError,
 )
 from edge_runtime.load_monitor import LoadConfig, LoadMonitor
+from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import GPU_BACKENDS, CallablePlan, Plan
 from edge_runtime.scheduler.scheduler import ModelScheduler
@@ -81,13 +82,25 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
                 owned.append(gpu)
                 plans["gpu"] = _plan("gpu", gpu)
     plans.update(extra_plans or {})
+    batching = _batching(model, config, plans[model.backend])
     try:
         return ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
-                              workers=workers, default_plan=model.backend, owned=owned)
+                              workers=workers, default_plan=model.backend, owned=owned, batching=batching)
     except ConfigError:
         for extra in owned:
             extra.close()
         raise
+
+
+def _batching(model: Any, config: ModelConfig, plan: Plan) -> BatchingDecision:
+    """The load-time batching experiment on the model's own plan; a refusal of configured batching warns."""
+    decision = decide_batching(config.batching, model.inputs, model.outputs, plan.run)
+    if config.batching.enabled and not decision.enabled:
+        log.warning("model %s: [batching] max_batch_size = %d configured, but batching is off: %s",
+                    model.name, config.batching.max_batch_size, decision.reason)
+    elif decision.enabled:
+        log.info("model %s: batching up to %d rows (%s)", model.name, decision.max_batch_size, decision.reason)
+    return decision
 
 
 def _plan(name: str, model: Any) -> CallablePlan:

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 from backends.base import TensorSpec
 from edge_runtime.errors import BackendError, DeadlineExceededError, EdgeRuntimeError
 from edge_runtime.load_monitor import LoadMonitor, LoadReading
-from edge_runtime.scheduler.batching import BatchSizer, batch_key, has_batch_dim, join_feeds, request_rows, split_outputs
+from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
+from edge_runtime.scheduler.batching import BatchSizer, batch_key, join_feeds, request_rows, split_outputs
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import Plan, plan_device, plan_kind
 from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, make_policy
@@ -50,7 +51,9 @@ class ModelScheduler:
     readings (none: load unknown). ``workers`` are the device workers to share
     with other models (default: private ones on ``executor``). ``outputs``
     lets batching check that every output has a batch dimension; without it
-    only the inputs are checked. ``default_plan`` is what ``plan = "auto"`` means.
+    only the inputs are checked; ``batching`` (the load-time experiment's
+    decision, ``batch_probe.py``) overrides that check. ``default_plan`` is what
+    ``plan = "auto"`` means.
     ``owned`` objects (models compiled for extra plans) are closed by ``close()``.
     """
 
@@ -59,7 +62,7 @@ class ModelScheduler:
                  choose_plan: PlanChooser | None = None, *, outputs: list[TensorSpec] | None = None,
                  monitor: LoadMonitor | None = None, workers: DeviceWorkers | None = None,
                  policy: Policy | None = None, default_plan: str | None = None,
-                 owned: Sequence[Any] = ()) -> None:
+                 owned: Sequence[Any] = (), batching: BatchingDecision | None = None) -> None:
         if not plans:
             raise ValueError("a scheduler needs at least one plan")
         self.name = name
@@ -74,9 +77,9 @@ class ModelScheduler:
         self._devices = {plan_name: plan_device(plan) for plan_name, plan in self.plans.items()}
         cpu_plans = [n for n, p in self.plans.items() if plan_kind(n, p) == "cpu"]
         self._cpu_plan = "cpu" if "cpu" in self.plans else (cpu_plans[0] if cpu_plans else None)
-        self.batching = config.batching.enabled and has_batch_dim(self.inputs, outputs or [])
-        if config.batching.enabled and not self.batching:
-            log.info("model %s: batching configured but some input/output has a fixed dim 0; batching off", name)
+        # Without a load-time decision (tests, tools), the declared shapes decide.
+        self.batching_decision = batching or decide_batching(config.batching, self.inputs, outputs or [], None)
+        self.batching = self.batching_decision.enabled
         self._sizer = BatchSizer(config.batching)
         self._delay_s = config.batching.max_queue_delay_us / 1e6
         self.counters: Counter[str] = Counter()

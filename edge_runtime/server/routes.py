@@ -104,8 +104,16 @@ async def model_metadata(request: web.Request) -> web.Response:
         "outputs": _tensor_metadata(model.outputs),
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
                          "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
-                         "cloud_mode": target.dispatcher.cloud.mode},
+                         "cloud_mode": target.dispatcher.cloud.mode,
+                         "batching": _batching(target)},
     })
+
+
+def _batching(target: LoadedVersion) -> dict[str, Any]:
+    scheduler = target.scheduler
+    if scheduler is None:
+        return {"enabled": False, "reason": "served by the cloud alone", "max_batch_size": 1}
+    return scheduler.batching_decision.to_dict()
 
 
 async def model_ready(request: web.Request) -> web.Response:

@@ -18,7 +18,8 @@ from onnx import TensorProto, helper
 
 from backends.base import TensorSpec
 from edge_runtime.scheduler import BatchingConfig, ModelScheduler, model_config
-from edge_runtime.scheduler.batching import BatchSizer, has_batch_dim, split_outputs
+from edge_runtime.scheduler.batch_probe import declared_batch_dim
+from edge_runtime.scheduler.batching import BatchSizer, split_outputs
 from scheduler_fakes import InstrumentedPlan, compile_on, hold_worker, ort_oracle, wait_until
 
 ZOO = {"mlp": {"image_size": None}, "mobilenet": {"image_size": 32}, "transformer": {"image_size": None}}
@@ -188,4 +189,5 @@ def test_split_outputs_copies_rows_and_rejects_outputs_without_batch_rows() -> N
     assert all(not np.shares_memory(p["y"], out["y"]) for p in parts)
     with pytest.raises(Exception, match="output 'y' has shape \\[5, 2\\], expected 4 rows"):
         split_outputs(out, [2, 2])
-    assert not has_batch_dim([TensorSpec("x", "float32", ("batch", 4))], [TensorSpec("y", "float32", (1,))])
+    assert declared_batch_dim([TensorSpec("x", "float32", ("batch", 4))], [TensorSpec("y", "float32", (1,))]) == \
+        "dim 0 of 'y' is fixed at 1"
