@@ -12,7 +12,6 @@ expected versus received.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from backends.base import TensorSpec
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
 
 __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "check_outputs", "decode_request",
@@ -102,17 +102,19 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     return InferRequest(arrays, datatypes, _requested_outputs(header.get("outputs")), request_id, parameters)
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[Any, bytes]:
+def _split(body: bytes, header_length: int | None) -> tuple[Any, bytes | memoryview]:
     if header_length is None:
         header_bytes, binary = body, b""
     else:
         if header_length < 0 or header_length > len(body):
             raise InvalidInputError(
                 f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
-        header_bytes, binary = body[:header_length], body[header_length:]
+        # A view, not a slice: a slice of bytes copies the (megabytes of) tensor data after the header.
+        whole = memoryview(body)
+        header_bytes, binary = whole[:header_length], whole[header_length:]
     try:
-        return json.loads(header_bytes), binary
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return jsonio.loads(header_bytes), binary
+    except (UnicodeDecodeError, jsonio.DecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
 
 
@@ -249,7 +251,7 @@ def _pack(header: dict[str, Any], key: str, tensors: list[tuple[str, np.ndarray,
     if parameters:
         header["parameters"] = dict(parameters)
     header[key] = entries
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = jsonio.dumps(header)
     if not chunks:
         return EncodedResponse(head)
     return EncodedResponse(b"".join([head, *chunks]), len(head))

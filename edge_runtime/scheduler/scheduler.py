@@ -132,8 +132,9 @@ class ModelScheduler:
         return len(self._queue)
 
     async def infer(self, feeds: Mapping[str, Any], *, priority: int = 0, timeout_ms: float | None = None,
-                    request_id: str | None = None, plan: str | None = None) -> InferenceResult:
-        """Queue one request and wait for its result.
+                    request_id: str | None = None, plan: str | None = None,
+                    validated: bool = False) -> InferenceResult:
+        """Queue one request and wait for its result; ``validated``: the caller already ran ``validate_feeds``.
 
         Raises InvalidInputError (bad feeds, before queueing), QueueFullError
         (queue at ``max_queue_size``), DeadlineExceededError (``timeout_ms``, or
@@ -143,7 +144,7 @@ class ModelScheduler:
             raise EdgeRuntimeError(f"model {self.name!r} is shutting down")
         if plan is not None and plan not in self.plans:
             raise EdgeRuntimeError(f"model {self.name!r} has no plan {plan!r}; plans: {sorted(self.plans)}")
-        arrays = validate_feeds(self.inputs, feeds)
+        arrays = dict(feeds) if validated else validate_feeds(self.inputs, feeds)
         timeout_ms = timeout_ms if timeout_ms else (self.config.queue.default_timeout_ms or None)
         deadline = time.monotonic() + timeout_ms / 1e3 if timeout_ms else None
         future = asyncio.get_running_loop().create_future()

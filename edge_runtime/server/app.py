@@ -10,10 +10,11 @@ from aiohttp import web
 from edge_runtime.server.config import ServerConfig
 from edge_runtime.server.metrics import ServerCollector, make_registry
 from edge_runtime.server.middleware import auth_middleware, error_middleware
-from edge_runtime.server.repository import ModelRepository
+from edge_runtime.serving.dataplane import DataPlane
+from edge_runtime.serving.repository import ModelRepository
 from edge_runtime.server.routes import add_routes
 from edge_runtime.server.state import STATE, ServerState
-from edge_runtime.server.stats import InferenceStats
+from edge_runtime.serving.stats import InferenceStats
 from edge_runtime.server.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ def create_app(config: ServerConfig, repository: ModelRepository) -> web.Applica
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware(config.overload_status, config.retry_after_s),
                                        auth_middleware(config.token)])
-    app[STATE] = ServerState(config, repository, stats, tasks, registry)
+    plane = DataPlane(repository, stats, default_priority_level=config.default_priority_level)
+    app[STATE] = ServerState(config, plane, tasks, registry)
     add_routes(app)
     app.cleanup_ctx.append(_serve_models)
     app.on_shutdown.append(_stop_ready)

@@ -38,8 +38,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from edge_runtime.server.repository import ModelRepository
-    from edge_runtime.server.stats import InferenceStats, VersionStats
+    from edge_runtime.serving.repository import ModelRepository
+    from edge_runtime.serving.stats import InferenceStats, VersionStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = ("model", "version")

@@ -7,20 +7,20 @@ error middleware (``errors.py`` holds the one status table).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
 import edge_runtime
-from edge_runtime.errors import InvalidInputError
+from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
 from edge_runtime.server import inference
+from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.codec import EncodedResponse, wire_datatype, wire_shape
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
-from edge_runtime.server.layout import check_model_name, parse_version
-from edge_runtime.server.repository import LoadedVersion
+from edge_runtime.serving.layout import check_model_name, parse_version
+from edge_runtime.serving.repository import LoadedVersion
 from edge_runtime.server.state import STATE, ServerState
 from edge_runtime.server.tasks import CANCELLED, FAILED, PENDING, Task
 
@@ -37,7 +37,7 @@ def _state(request: web.Request) -> ServerState:
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(data, status=status, headers=headers, dumps=lambda d: json.dumps(d, separators=(",", ":")))
+    return web.Response(body=jsonio.dumps(data), status=status, headers=headers, content_type="application/json")
 
 
 def _inference_response(encoded: EncodedResponse) -> web.Response:
@@ -58,8 +58,8 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = jsonio.loads(body)
+    except (UnicodeDecodeError, jsonio.DecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidInputError("the request body must be a JSON object")
@@ -155,16 +155,21 @@ async def model_stats(request: web.Request) -> web.Response:
 
 async def infer(request: web.Request) -> web.Response:
     state = _state(request)
+    started_ns = inference.now_ns()
+    name, version = request.match_info["model"], request.match_info.get("version")
     body = await _body(request)
-    header_length = _header_length(request)
+    try:
+        decoded = await inference.decode(body, _header_length(request))
+    except EdgeRuntimeError as exc:
+        inference.decode_failed(state.plane, name, version, exc, started_ns)
+        raise
     # NOTE: no await between prepare and execute/submit: a reload cannot swap the version in between.
-    prepared = inference.prepare(state, request.match_info["model"], request.match_info.get("version"),
-                                 body, header_length)
+    call = inference.prepare(state.plane, name, version, decoded, started_ns)
     prefer_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    if not (prefer_async or prepared.wants_async):
-        return _inference_response(await inference.execute(state, prepared))
-    task = state.tasks.submit(prepared.target.name, str(prepared.target.version),
-                              lambda: inference.execute(state, prepared))
+    if not (prefer_async or call.wants_async):
+        return _inference_response(await inference.execute(state.plane, call))
+    target = call.prepared.target
+    task = state.tasks.submit(target.name, str(target.version), lambda: inference.execute(state.plane, call))
     headers = {"Location": f"/v2/tasks/{task.id}"}
     if prefer_async:
         headers["Preference-Applied"] = "respond-async"
@@ -211,7 +216,7 @@ async def repository_unload(request: web.Request) -> web.Response:
 def _task_document(task: Task) -> dict[str, Any]:
     document = task.to_dict()
     if task.response is not None and task.response.header_length is None:
-        document["response"] = json.loads(task.response.body)
+        document["response"] = jsonio.loads(task.response.body)
     return document
 
 

@@ -37,8 +37,8 @@ from edge_runtime.errors import (
 )
 from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
-from edge_runtime.server.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
-from edge_runtime.server.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
+from edge_runtime.serving.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
+from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
 
 if TYPE_CHECKING:
     from edge_runtime.cloud.config import CloudConfig
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from edge_runtime.model import Model
     from edge_runtime.runtime import Runtime
     from edge_runtime.scheduler.plans import Plan
-    from edge_runtime.server.services import SharedServices
+    from edge_runtime.serving.services import SharedServices
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class ModelRepository:
     def start(self) -> "SharedServices":
         """Open the shared LoadMonitor and CloudClient (idempotent); returns them."""
         if self.services is None:
-            from edge_runtime.server.services import SharedServices
+            from edge_runtime.serving.services import SharedServices
 
             self.services = SharedServices.open(self.runtime, self._load_config, self._cloud_config)
         return self.services

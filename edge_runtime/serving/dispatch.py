@@ -33,7 +33,7 @@ from edge_runtime.scheduler import InferenceResult, ModelConfig, ModelScheduler
 if TYPE_CHECKING:
     from edge_runtime.cloud.fallback import CloudRouter, RoutedResult
     from edge_runtime.scheduler.plans import Plan
-    from edge_runtime.server.services import SharedServices
+    from edge_runtime.serving.services import SharedServices
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,12 @@ class Dispatcher:
         return self._local_ms * (1 + self.scheduler.pending)
 
     async def infer(self, feeds: Mapping[str, np.ndarray], *, priority: int = 0, timeout_ms: float | None = None,
-                    request_id: str | None = None) -> Answer:
-        """Run one request; raises what the scheduler or, where nothing local could answer, the cloud raises."""
-        options = {"priority": priority, "timeout_ms": timeout_ms, "request_id": request_id}
+                    request_id: str | None = None, validated: bool = False) -> Answer:
+        """Run one request; raises what the scheduler or, where nothing local could answer, the cloud raises.
+
+        ``validated``: the caller checked ``feeds`` against the model's inputs (the data plane does).
+        """
+        options = {"priority": priority, "timeout_ms": timeout_ms, "request_id": request_id, "validated": validated}
         if self.router is None:
             assert self.scheduler is not None
             result = await self.scheduler.infer(feeds, **options)
