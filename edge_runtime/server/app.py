@@ -52,6 +52,7 @@ async def _serve_models(app: web.Application) -> AsyncIterator[None]:
     state.ready = False
     await state.tasks.drain(state.config.drain_timeout_s)
     await state.repository.close()
+    state.regions.close()
 
 
 async def _stop_ready(app: web.Application) -> None:

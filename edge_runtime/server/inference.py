@@ -25,6 +25,7 @@ from edge_runtime.protocol.codec import (
 )
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
 from edge_runtime.serving.dataplane import DataPlane, PreparedInference
+from edge_runtime.serving.shared_memory import RegionLease
 
 # JSON bodies (or output sets) above this are parsed / serialised off the event loop: below it, the
 # thread hop costs more than the parse.
@@ -37,21 +38,22 @@ class HttpInference:
 
     prepared: PreparedInference
     request: InferRequest
+    lease: RegionLease | None = None  # the shared-memory regions it reads and writes
 
     @property
     def wants_async(self) -> bool:
         return self.request.parameters.get("async") is True
 
 
-async def decode(body: bytes, header_length: int | None) -> InferRequest:
+async def decode(body: bytes, header_length: int | None, lease: RegionLease | None = None) -> InferRequest:
     """Parse a request body; JSON-only bodies above ``OFF_LOOP_BYTES`` in a worker thread."""
     if header_length is None and len(body) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(decode_request, body, header_length)
-    return decode_request(body, header_length)
+        return await asyncio.to_thread(decode_request, body, header_length, lease)
+    return decode_request(body, header_length, lease)
 
 
 def prepare(plane: DataPlane, name: str, version: str | None, request: InferRequest,
-            started_ns: int) -> HttpInference:
+            started_ns: int, lease: RegionLease | None = None) -> HttpInference:
     """Resolve and check what the wire adds; a mistake raises and is counted on the model."""
     target = plane.resolve(name, version)
     try:
@@ -63,7 +65,7 @@ def prepare(plane: DataPlane, name: str, version: str | None, request: InferRequ
         plane.record_failure(target, exc, started_ns)
         raise
     prepared = plane.prepare(target, feeds, request.parameters, request_id=request.id, started_ns=started_ns)
-    return HttpInference(prepared, request)
+    return HttpInference(prepared, request, lease)
 
 
 def decode_failed(plane: DataPlane, name: str, version: str | None, exc: EdgeRuntimeError, started_ns: int) -> None:
@@ -72,23 +74,33 @@ def decode_failed(plane: DataPlane, name: str, version: str | None, exc: EdgeRun
 
 
 async def execute(plane: DataPlane, call: HttpInference) -> EncodedResponse:
-    """Run through the data plane and encode; raises QueueFullError, DeadlineExceededError, ..."""
-    outcome = await plane.run(call.prepared)
+    """Run through the data plane and encode; raises QueueFullError, DeadlineExceededError, ...
+
+    The call's shared-memory lease ends here, whatever happens.
+    """
     try:
-        if _json_bytes(call.request, outcome.outputs) > OFF_LOOP_BYTES:
-            return await asyncio.to_thread(encode_response, outcome.model, str(outcome.version), call.request,
-                                           outcome.outputs, outcome.parameters)
-        return encode_response(outcome.model, str(outcome.version), call.request, outcome.outputs,
-                               outcome.parameters)
-    except Exception as exc:
-        plane.record_failure(call.prepared.target, exc, call.prepared.started_ns)
-        raise
+        outcome = await plane.run(call.prepared)
+        encode = (outcome.model, str(outcome.version), call.request, outcome.outputs, outcome.parameters,
+                  call.lease)
+        try:
+            if _json_bytes(call.request, outcome.outputs) > OFF_LOOP_BYTES:
+                return await asyncio.to_thread(encode_response, *encode)
+            return encode_response(*encode)
+        except Exception as exc:
+            plane.record_failure(call.prepared.target, exc, call.prepared.started_ns)
+            raise
+    finally:
+        if call.lease is not None:
+            call.lease.release()
 
 
 def _json_bytes(request: InferRequest, outputs: dict) -> int:
     """Roughly how many bytes of outputs go out as JSON text (binary ones cost no parse)."""
     if request.parameters.get("binary_data_output", False) is True and not request.outputs:
         return 0
+    if request.outputs:
+        return sum(getattr(outputs.get(o.name), "nbytes", 0) for o in request.outputs
+                   if o.shared_memory is None and o.binary is not True)
     return sum(getattr(array, "nbytes", 0) for array in outputs.values())
 
 

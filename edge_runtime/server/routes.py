@@ -28,7 +28,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVER_NAME = "edge-runtime"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration",
-              "schedule_policy", "parameters", "async_tasks")
+              "schedule_policy", "parameters", "async_tasks", "system_shared_memory")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -158,13 +158,18 @@ async def infer(request: web.Request) -> web.Response:
     started_ns = inference.now_ns()
     name, version = request.match_info["model"], request.match_info.get("version")
     body = await _body(request)
+    lease = state.regions.lease()
     try:
-        decoded = await inference.decode(body, _header_length(request))
-    except EdgeRuntimeError as exc:
-        inference.decode_failed(state.plane, name, version, exc, started_ns)
+        try:
+            decoded = await inference.decode(body, _header_length(request), lease)
+        except EdgeRuntimeError as exc:
+            inference.decode_failed(state.plane, name, version, exc, started_ns)
+            raise
+        # NOTE: no await between prepare and execute/submit: a reload cannot swap the version in between.
+        call = inference.prepare(state.plane, name, version, decoded, started_ns, lease)
+    except BaseException:
+        lease.release()
         raise
-    # NOTE: no await between prepare and execute/submit: a reload cannot swap the version in between.
-    call = inference.prepare(state.plane, name, version, decoded, started_ns)
     prefer_async = "respond-async" in request.headers.get("Prefer", "").lower()
     if not (prefer_async or call.wants_async):
         return _inference_response(await inference.execute(state.plane, call))
@@ -174,6 +179,25 @@ async def infer(request: web.Request) -> web.Response:
     if prefer_async:
         headers["Preference-Applied"] = "respond-async"
     return _json(task.to_dict(), status=202, headers=headers)
+
+
+# -- system shared memory (Triton's extension) -------------------------------------------------
+async def shm_register(request: web.Request) -> web.Response:
+    document = await _json_body(request)
+    name = request.match_info["region"]
+    _state(request).regions.register(name, document.get("key"), document.get("offset", 0),
+                                     document.get("byte_size"))
+    return web.Response(status=200)
+
+
+async def shm_unregister(request: web.Request) -> web.Response:
+    await _json_body(request)
+    _state(request).regions.unregister(request.match_info.get("region"))
+    return web.Response(status=200)
+
+
+async def shm_status(request: web.Request) -> web.Response:
+    return _json(_state(request).regions.status(request.match_info.get("region")))
 
 
 def _header_length(request: web.Request) -> int | None:
@@ -297,6 +321,17 @@ ROUTES: tuple[Route, ...] = (
           "would have returned it", "InferenceResponse", tag="tasks"),
     Route("DELETE", "/v2/tasks/{task_id}", task_cancel, "Cancel a pending task or forget a finished one", "Task",
           tag="tasks"),
+    Route("GET", "/v2/systemsharedmemory/status", shm_status, "Every registered system shared-memory region",
+          "SharedMemoryStatus", tag="shared memory"),
+    Route("GET", "/v2/systemsharedmemory/region/{region}/status", shm_status, "One registered region",
+          "SharedMemoryStatus", tag="shared memory"),
+    Route("POST", "/v2/systemsharedmemory/region/{region}/register", shm_register,
+          "Register a region of a POSIX shared-memory object (key, offset, byte_size)", None,
+          "SharedMemoryRegister", tag="shared memory"),
+    Route("POST", "/v2/systemsharedmemory/region/{region}/unregister", shm_unregister,
+          "Unregister a region (refused while a running request uses it)", tag="shared memory"),
+    Route("POST", "/v2/systemsharedmemory/unregister", shm_unregister, "Unregister every region",
+          tag="shared memory"),
     Route("GET", "/metrics", metrics, "Prometheus metrics", "PrometheusText", tag="operations"),
     Route("GET", "/openapi.json", openapi, "This OpenAPI 3 document", "OpenAPI", tag="operations"),
 )

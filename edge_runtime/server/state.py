@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from edge_runtime.server.config import ServerConfig
 from edge_runtime.serving.dataplane import DataPlane
 from edge_runtime.serving.repository import ModelRepository
+from edge_runtime.serving.shared_memory import SharedMemoryRegions
 from edge_runtime.serving.stats import InferenceStats
 from edge_runtime.server.tasks import TaskStore
 
@@ -22,6 +23,7 @@ class ServerState:
     plane: DataPlane
     tasks: TaskStore
     registry: CollectorRegistry
+    regions: SharedMemoryRegions = field(default_factory=SharedMemoryRegions)
     ready: bool = False
 
     @property
