@@ -184,7 +184,7 @@ def build_dispatcher(name: str, path: Path, model: Any | None, config: ModelConf
     """
     from edge_runtime.scheduler.factory import scheduler_for
 
-    where = f"model {name!r} config"
+    where = config.source if config.source != "model config" else f"model {name!r} config"
     cloud = model_cloud_config(config.extra, where)
     client = services.cloud
     if cloud.mode != "never" and client is None:
