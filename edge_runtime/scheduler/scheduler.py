@@ -274,7 +274,8 @@ class ModelScheduler:
                         queue_ms=(started - entry.enqueued_at) * 1e3, compute_ms=compute_ms,
                         batch_size=sum(rows), request_id=entry.request_id, fallback=fallback,
                         retried=failure is not None and failure.retried,
-                        ran_twice=failure is not None and failure.maybe_ran))
+                        ran_twice=failure is not None and failure.maybe_ran,
+                        fallback_labels=failure.labels if failure is not None else None))
         self._pump()
 
     def _count(self, decision: Decision, requests: int, rows: int, fallback: str | None) -> None:
@@ -293,8 +294,16 @@ class ModelScheduler:
         started = time.monotonic()
         joined = join_feeds(feeds)
         ran, failure = plan_name, None
+        plan = self.plans[plan_name]
+        reporting = getattr(plan, "reporting", None) or getattr(plan, "run_reporting", None)
         try:
-            outputs = self.plans[plan_name].run(joined)
+            if reporting is None:
+                outputs = plan.run(joined)
+            else:  # a multi-stage plan: a stage that re-ran on the host is reported, not only logged
+                report = reporting(joined)
+                outputs = report.outputs
+                if report.fallback:
+                    failure = PlanFailure(report.fallback, labels=report.labels)
         except BackendError as exc:
             if self._cpu_plan is None or self._cpu_plan == plan_name:
                 raise

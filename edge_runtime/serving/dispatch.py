@@ -157,6 +157,8 @@ class Dispatcher:
 
     def _labels(self, result: InferenceResult) -> tuple[str, str] | None:
         """(backend that failed, short reason) of a result whose plan fell back, for bounded metric labels."""
+        if result.fallback_labels is not None:  # a stage inside the plan re-ran on the host
+            return result.fallback_labels
         if not result.fallback or self.scheduler is None:
             return None
         failed = next((plan for name, plan in self.scheduler.plans.items()

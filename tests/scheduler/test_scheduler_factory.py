@@ -84,3 +84,29 @@ def test_models_of_one_runtime_share_device_workers(runtime, mlp_path) -> None:
     assert runtime_workers(runtime) is runtime_workers(runtime)
     assert a._workers is b._workers is runtime_workers(runtime)
     assert runtime_workers(runtime).cpu.intra_op_threads == 2
+
+
+@pytest.mark.requires_opencl
+async def test_an_adaptive_policy_serves_the_partitioners_hybrid_plan_where_it_finds_one(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.model_zoo import build_mobilenet
+    from edge_runtime.runtime import Runtime
+
+    folder = tmp_path_factory.mktemp("hybrid")
+    proto = build_mobilenet()
+    onnx.save(proto, str(folder / "mobilenet.onnx"))
+    rt = Runtime(RuntimeConfig(cache_dir=folder / "cache", intra_op_threads=2))  # OpenCL (PoCL in CI) probed
+    try:
+        model = rt.load(folder / "mobilenet.onnx", backend="cpu")
+        sched = scheduler_for(model, model_config({"scheduler": {"policy": "threshold"}}), rt, None)
+        assert "hybrid" in sched.plans, sorted(sched.plans)
+        assert {"cpu", "opencl"} <= set(sched.plans["hybrid"].backends)
+        x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
+        async with sched:
+            result = await sched.infer({"input": x}, plan="hybrid")
+        assert result.plan == "hybrid" and result.fallback is None
+        np.testing.assert_allclose(result.outputs["probabilities"],
+                                   ort_oracle(proto)({"input": x})["probabilities"], rtol=1e-3, atol=1e-4)
+    finally:
+        rt.close()
