@@ -150,7 +150,9 @@ async def model_stats(request: web.Request) -> web.Response:
                     else [v for v in state.repository.served() if v.name == target.name])
     else:
         versions = state.repository.served()
-    return _json({"model_stats": [state.stats.triton(v.name, str(v.version)) for v in versions]})
+    return _json({"model_stats": [{**state.stats.triton(v.name, str(v.version)),
+                                   "memory_usage": [{"type": "CPU", "id": 0, "byte_size": v.memory_bytes}]}
+                                  for v in versions]})
 
 
 async def infer(request: web.Request) -> web.Response:

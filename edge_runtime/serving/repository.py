@@ -21,6 +21,7 @@ every node) is served by the cloud alone when its ``[cloud]`` mode allows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ class LoadedVersion:
     dispatcher: Dispatcher
     config: ModelConfig
     serving: ServingConfig
+    memory_bytes: int = 0  # resident bytes its load added (at least the model file's size)
 
     @property
     def scheduler(self) -> ModelScheduler | None:
@@ -215,6 +217,15 @@ class ModelRepository:
 
     def _build(self, name: str, version: int, path: Path, config: ModelConfig,
                serving: ServingConfig) -> LoadedVersion:
+        """One version, with the resident memory its load added (loads run one at a time, so the
+        process's RSS growth is this model's: sessions, weights, plans, arenas warmed by the probe)."""
+        before = _rss_bytes()
+        loaded = self._build_version(name, version, path, config, serving)
+        added = max(_rss_bytes() - before, path.stat().st_size if path.is_file() else 0)
+        return dataclasses.replace(loaded, memory_bytes=added)
+
+    def _build_version(self, name: str, version: int, path: Path, config: ModelConfig,
+                       serving: ServingConfig) -> LoadedVersion:
         services = self.start()
         try:
             model = self.runtime.load(path, name=name, backend=serving.backend)
@@ -258,6 +269,12 @@ class ModelRepository:
     async def _drain(self, version: LoadedVersion) -> None:
         await version.dispatcher.close(self._drain_timeout_s)
         version.model.close()
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def _close_unstarted(version: LoadedVersion) -> None:
