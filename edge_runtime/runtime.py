@@ -196,7 +196,7 @@ class Runtime:
                   f"{layout.partition.latency_s * 1e3:.3f} ms (profile {self.match.name!r})")
         report = LoadReport(label, reason, planner.prepared.original_node_count, executor.backend_nodes, ())
         log.info("loaded %s with %s", path, reason)
-        return Model(name, path, executor, report, self._executor)
+        return Model(name, path, executor, report, self._executor, options)
 
     def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
         from backends.onnx_graph import tensor_specs
@@ -240,7 +240,7 @@ class Runtime:
         counts = backend_nodes_of(executable, backend_name, node_count)
         report = LoadReport(backend_name, reason, node_count or sum(counts.values()), counts, tried)
         log.info("loaded %s on %s (%s)", path, backend_name, reason)
-        return Model(name, path, executable, report, self._executor)
+        return Model(name, path, executable, report, self._executor, options)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -25,6 +25,7 @@ import logging
 import weakref
 from typing import Any, Mapping
 
+from backends.base import CompileOptions
 from edge_runtime.errors import (
     BackendError,
     BackendUnavailableError,
@@ -69,8 +70,10 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans: dict[str, Plan] = {}
     owned: list[Any] = []
     own = model
-    if model.backend == "cpu" and threads != runtime.threads:
-        own = _load(runtime, model, "cpu", threads)  # re-split the cores for concurrent cpu runs
+    compiled = model.options
+    if model.backend == "cpu" and (compiled is None or compiled.intra_op_threads != threads
+                                   or compiled.allow_spinning):
+        own = _load(runtime, model, "cpu", threads)  # re-split the cores for concurrent runs; never spin
         owned.append(own)
     plans[model.backend] = model_plan(model.backend, own)
     wanted = config.scheduler.plan
@@ -116,8 +119,19 @@ def _is_onnx(model: Any) -> bool:
     return str(model.path).lower().endswith(".onnx")
 
 
+def serving_options(runtime: Any) -> CompileOptions:
+    """Compile options for served models: the cpu worker's intra-op threads, and no spinning.
+
+    NOTE: ONNX Runtime's pool threads spin between runs by default, burning a core of a
+    small device that the event loop and other models need; a served session waits for
+    its next request, so it never spins.
+    """
+    threads = runtime_workers(runtime).cpu.intra_op_threads
+    return dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
+
+
 def _load(runtime: Any, model: Any, backend: str, threads: int) -> Any:
-    options = dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
+    options = dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
     return runtime.load(model.path, name=model.name, backend=backend, options=options)
 
 
@@ -132,8 +146,7 @@ def _hybrid_plan(runtime: Any, model: Any, threads: int) -> Any | None:
         if len({stage.backend for stage in layout.partition.stages}) < 2:
             log.info("model %s: no hybrid plan: the partitioner keeps every node on one backend", model.name)
             return None
-        options = dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
-        return planner.compile(layout, options)
+        return planner.compile(layout, dataclasses.replace(serving_options(runtime), intra_op_threads=threads))
     except (BackendUnavailableError, BackendError, ModelLoadError, InvalidInputError) as exc:
         log.info("model %s: no hybrid plan: %s", model.name, exc)
         return None

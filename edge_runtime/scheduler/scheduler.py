@@ -1,13 +1,18 @@
 """``ModelScheduler``: one model's bounded priority queue, plan choice, batching and dispatch.
 
-Requests are validated on arrival and queued by priority (bounded: overflow is
-an immediate ``QueueFullError``). Dispatch is event-driven: on every arrival,
-finished run, freed device slot and batch timer, ``_pump`` takes the
-highest-priority live request, asks the policy for a plan under the current
-load, gathers compatible requests into a batch (``batching.py``) once the
-batch is ready, takes a slot on that plan's device worker and hands the batch
-to the worker's thread, so the event loop never blocks. (No dispatcher task:
-each hop through the loop costs tens of microseconds on a small core.) A
+Requests are validated on arrival (unless the data plane did) and queued by
+priority (bounded: overflow is an immediate ``QueueFullError``). Dispatch is
+event-driven: on every arrival, freed device slot and batch timer, ``_pump``
+(on the loop) takes the highest-priority live request, asks the policy for a
+plan under the current load, gathers compatible requests into a batch
+(``batching.py``) once the batch is ready, takes a slot on that plan's device
+worker and hands the batch to the worker's thread, so the event loop never
+blocks. When a run ends, that thread posts the answers to the loop and takes
+the next ready batch for its device itself (``_drive``): the loop is not on
+the path between two runs (each hop through a busy loop costs tens to
+hundreds of microseconds on a small core). It hands its slot back when no
+batch is ready, or when another model waits for the device. One lock guards
+the queue, policy and counters, which the loop and the worker threads share. A
 request whose deadline passes while queued is answered with
 ``DeadlineExceededError`` and never run. A plan that fails with BackendError
 is re-run on the cpu plan (counted as a fallback; the result's ``retried`` and
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from concurrent.futures import Executor
@@ -91,6 +97,8 @@ class ModelScheduler:
         self.in_flight = 0
         self.last_decision: Decision | None = None
         self._owned = list(owned)
+        # Guards the queue, counters, policy and sizer: the loop and the device workers' threads share them.
+        self._lock = threading.RLock()
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -105,7 +113,8 @@ class ModelScheduler:
         deadline = time.monotonic() + drain_timeout_s
         while (len(self._queue) or self.in_flight) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        self._queue.fail_all(EdgeRuntimeError(f"model {self.name!r} is shutting down"))
+        with self._lock:
+            self._queue.fail_all(EdgeRuntimeError(f"model {self.name!r} is shutting down"))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -151,7 +160,8 @@ class ModelScheduler:
         entry = QueuedRequest(priority=priority, feeds=arrays, future=future, deadline=deadline,
                               request_id=request_id, plan_hint=plan, rows=request_rows(arrays),
                               batch_key=batch_key(arrays))
-        self._queue.push(entry)  # QueueFullError when full
+        with self._lock:
+            self._queue.push(entry)  # QueueFullError when full
         if self._loop is None:
             await self.start()
         self._pump()
@@ -161,7 +171,8 @@ class ModelScheduler:
             # wait_for cancels the future on timeout: the pump skips it; a running one finishes unseen.
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            self.counters["deadline_exceeded"] += 1
+            with self._lock:
+                self.counters["deadline_exceeded"] += 1
             raise DeadlineExceededError(" ".join(
                 f"model {self.name!r}: request {request_id or ''} exceeded its {timeout_ms:g} ms deadline".split()))
         except asyncio.CancelledError:
@@ -183,34 +194,38 @@ class ModelScheduler:
         return self.policy.choose(DecisionContext(self._reading(), waits, max(1, rows)))
 
     def _pump(self) -> None:
-        """Dispatch every batch that can go now; arrange to be called again when more can."""
-        while True:
-            head = self._queue.head()
-            if head is None:
-                return
-            decision = self._decide(head)
-            device = self._devices[decision.plan]
-            worker = self._workers.worker(device)
-            if worker.in_use >= worker.slots:
-                if device not in self._waiting_for:
-                    self._waiting_for.add(device)
-                    worker.when_free(lambda: self._slot_freed(device))
-                return
-            batch = self._collect(head, decision.plan)
-            if batch is None:
-                return  # a batch timer is set
-            acquired = worker.try_acquire()
-            assert acquired, "a slot was checked free just above, with no await in between"
-            self.last_decision = decision
-            self._submit(decision, batch, worker)
+        """On the loop: dispatch every batch that can go now; arrange to be called again when more can."""
+        with self._lock:
+            while True:
+                head = self._queue.head()
+                if head is None:
+                    return
+                decision = self._decide(head)
+                device = self._devices[decision.plan]
+                worker = self._workers.worker(device)
+                if worker.in_use >= worker.slots:
+                    if device not in self._waiting_for:
+                        self._waiting_for.add(device)
+                        worker.when_free(lambda: self._slot_freed(device), owner=self)
+                    return
+                batch = self._collect(head, decision.plan)
+                if batch is None:
+                    return  # a batch timer is set
+                # Only loops take slots; worker threads only give them back, so it is still free.
+                acquired = worker.try_acquire()
+                assert acquired, "a slot was checked free just above, with no await in between"
+                self.last_decision = decision
+                self.in_flight += len(batch)
+                worker.submit(self._drive, decision, batch, worker)
 
     def _slot_freed(self, device: str) -> None:
-        self._waiting_for.discard(device)
+        with self._lock:
+            self._waiting_for.discard(device)
         self._pump()
 
-    def _collect(self, head: QueuedRequest, plan_name: str) -> list[QueuedRequest] | None:
-        """The next batch for ``plan_name`` (taken off the queue), or None and a timer set when it
-        should wait for company: until it is ready or ``max_queue_delay_us`` after its oldest request."""
+    def _collect(self, head: QueuedRequest, plan_name: str, *, on_loop: bool = True) -> list[QueuedRequest] | None:
+        """The next batch for ``plan_name`` (taken off the queue), or None when it should wait for company:
+        until it is ready or ``max_queue_delay_us`` after its oldest request (on the loop a timer is set)."""
         if not self.batching or head.rows is None:
             self._queue.take([head])
             return [head]
@@ -220,7 +235,7 @@ class ModelScheduler:
         flush_at = min(entry.enqueued_at for entry in candidates) + self._delay_s
         remaining_s = flush_at - time.monotonic()
         if not (self._sizer.ready(waiting_rows) or remaining_s <= 0 or self._closing):
-            if self._timer is None or self._timer.when() > self._loop.time() + remaining_s:
+            if on_loop and (self._timer is None or self._timer.when() > self._loop.time() + remaining_s):
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = self._loop.call_later(remaining_s, self._timer_fired)
@@ -233,50 +248,85 @@ class ModelScheduler:
         self._timer = None
         self._pump()
 
-    def _submit(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
-        reading = self._reading()
-        rows = [entry.rows or 1 for entry in batch]
-        self.in_flight += len(batch)
+    def _drive(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
+        """Worker thread: run the batch, hand its outcome to the loop, then take the next batch for this
+        device itself (no round trip through the loop between two runs) until none is ready."""
         loop = self._loop
-
-        def deliver(future: Any) -> None:  # worker thread: hand the outcome to the loop
+        while True:
+            reading = self._reading()
+            rows = [entry.rows or 1 for entry in batch]
             try:
-                loop.call_soon_threadsafe(self._finish, decision, batch, rows, worker, reading, future)
+                outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows)
+            except Exception as exc:  # handed to the callers on the loop; this thread keeps serving
+                outcome = exc
+            try:
+                loop.call_soon_threadsafe(self._finish, decision, batch, rows, reading, outcome)
             except RuntimeError:  # NOTE: the loop closed while this run was in flight; nobody waits
                 log.debug("model %s: event loop closed before a run finished; outcome dropped", self.name)
+                worker.release()
+                return
+            with self._lock:
+                try:
+                    following = self._next_for(worker)
+                except Exception:  # a bug in choosing: never strand the slot (and every later request)
+                    log.exception("model %s: choosing the next batch failed; the loop takes over", self.name)
+                    following = None
+                if following is None:
+                    worker.release()  # wakes the waiting schedulers on their loops
+                    if len(self._queue):
+                        loop.call_soon_threadsafe(self._pump)  # a timer to set, or another device to use
+                    return
+                decision, batch = following
+                self.last_decision = decision
+                self.in_flight += len(batch)
 
-        worker.submit(self._execute, decision.plan, [entry.feeds for entry in batch], rows).add_done_callback(deliver)
+    def _next_for(self, worker: DeviceWorker) -> tuple[Decision, list[QueuedRequest]] | None:
+        """Under the lock, off the loop: the next batch that is ready now for ``worker``'s device, if no
+        other scheduler waits for that device (fairness between the models sharing it)."""
+        if worker.others_waiting(self):
+            return None
+        dead: list[QueuedRequest] = []
+        head = self._queue.head(dead)
+        if dead:  # their futures are answered on the loop
+            self._loop.call_soon_threadsafe(self._queue.expire, dead)
+        if head is None:
+            return None
+        decision = self._decide(head)
+        if self._devices[decision.plan] != worker.device:
+            return None
+        batch = self._collect(head, decision.plan, on_loop=False)
+        return None if batch is None else (decision, batch)
 
-    def _finish(self, decision: Decision, batch: list[QueuedRequest], rows: list[int], worker: DeviceWorker,
-                reading: LoadReading, done: Any) -> None:
-        """On the loop, after a run: answer its requests, learn, free the slot, dispatch more."""
-        self.in_flight -= len(batch)
-        worker.release()
-        try:
-            parts, started, finished, ran, failure = done.result()
-        except Exception as exc:  # hand every failure to its callers, keep serving others
-            self.counters["failures"] += len(batch)
-            self.policy.observe(decision.plan, 0.0, sum(rows), reading, ok=False)
+    def _finish(self, decision: Decision, batch: list[QueuedRequest], rows: list[int], reading: LoadReading,
+                outcome: Any) -> None:
+        """On the loop, after a run: answer its requests and learn (the worker already moved on)."""
+        with self._lock:
+            self.in_flight -= len(batch)
+            if isinstance(outcome, BaseException):
+                self.counters["failures"] += len(batch)
+                self.policy.observe(decision.plan, 0.0, sum(rows), reading, ok=False)
+            else:
+                parts, started, finished, ran, failure = outcome
+                fallback = failure.reason if failure is not None else None
+                compute_ms = (finished - started) * 1e3
+                self.policy.observe(decision.plan, compute_ms, sum(rows), reading, ok=fallback is None)
+                self._sizer.observe(sum(rows), compute_ms)
+                self._count(decision, len(batch), sum(rows), fallback)
+        if isinstance(outcome, BaseException):
             for entry in batch:
                 if not entry.future.done():
-                    entry.future.set_exception(exc)
-        else:
-            fallback = failure.reason if failure is not None else None
-            compute_ms = (finished - started) * 1e3
-            self.policy.observe(decision.plan, compute_ms, sum(rows), reading, ok=fallback is None)
-            self._sizer.observe(sum(rows), compute_ms)
-            self._count(decision, len(batch), sum(rows), fallback)
-            plan = self.plans[ran]
-            for entry, outputs in zip(batch, parts):
-                if not entry.future.done():
-                    entry.future.set_result(InferenceResult(
-                        outputs=outputs, plan=ran, backends=tuple(plan.backends),
-                        queue_ms=(started - entry.enqueued_at) * 1e3, compute_ms=compute_ms,
-                        batch_size=sum(rows), request_id=entry.request_id, fallback=fallback,
-                        retried=failure is not None and failure.retried,
-                        ran_twice=failure is not None and failure.maybe_ran,
-                        fallback_labels=failure.labels if failure is not None else None))
-        self._pump()
+                    entry.future.set_exception(outcome)
+            return
+        backends = tuple(self.plans[ran].backends)
+        for entry, outputs in zip(batch, parts):
+            if not entry.future.done():
+                entry.future.set_result(InferenceResult(
+                    outputs=outputs, plan=ran, backends=backends,
+                    queue_ms=(started - entry.enqueued_at) * 1e3, compute_ms=compute_ms,
+                    batch_size=sum(rows), request_id=entry.request_id, fallback=fallback,
+                    retried=failure is not None and failure.retried,
+                    ran_twice=failure is not None and failure.maybe_ran,
+                    fallback_labels=failure.labels if failure is not None else None))
 
     def _count(self, decision: Decision, requests: int, rows: int, fallback: str | None) -> None:
         self.counters[f"plan:{decision.plan}"] += requests
@@ -325,7 +375,8 @@ class ModelScheduler:
         ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit)
         and ``estimates_ms`` (cost policy: learned unloaded ms per row per plan).
         """
-        return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
-                "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
-                "estimates_ms": self.policy.estimates_ms(), **dict(self.counters)}
+        with self._lock:
+            return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
+                    "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
+                    "estimates_ms": self.policy.estimates_ms(), **dict(self.counters)}
 

@@ -38,6 +38,7 @@ from edge_runtime.errors import (
 )
 from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
+from edge_runtime.scheduler.factory import serving_options
 from edge_runtime.serving.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
 from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
 
@@ -228,7 +229,7 @@ class ModelRepository:
                        serving: ServingConfig) -> LoadedVersion:
         services = self.start()
         try:
-            model = self.runtime.load(path, name=name, backend=serving.backend)
+            model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime))
         except CANNOT_LOAD_HERE as exc:
             # build_dispatcher re-raises exc unless the model's [cloud] section lets the peer answer alone.
             dispatcher = build_dispatcher(name, path, None, config, self.runtime, services, local_error=exc)

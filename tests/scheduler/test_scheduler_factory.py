@@ -110,3 +110,20 @@ async def test_an_adaptive_policy_serves_the_partitioners_hybrid_plan_where_it_f
                                    ort_oracle(proto)({"input": x})["probabilities"], rtol=1e-3, atol=1e-4)
     finally:
         rt.close()
+
+
+def _spinning(plan) -> str:
+    session = plan.call.__self__.executable._session  # the ONNX Runtime session behind the plan
+    return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+
+def test_served_onnxruntime_sessions_never_spin(runtime, mlp_path) -> None:
+    from edge_runtime.scheduler.factory import serving_options
+
+    spinning = runtime.load(mlp_path, backend="cpu")  # the library default: ORT's threads spin
+    assert spinning.options.allow_spinning
+    for model in (spinning, runtime.load(mlp_path, backend="cpu", options=serving_options(runtime))):
+        sched = scheduler_for(model, model_config({"scheduler": {"policy": "cost"}}), runtime, None)
+        assert sched.plans["cpu"].call.__self__.options.allow_spinning is False
+        assert _spinning(sched.plans["cpu"]) == "0"
+        sched.discard()
