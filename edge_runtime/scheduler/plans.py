@@ -25,9 +25,11 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
-# Backends whose work lands on a GPU; the rest of the backends run on the CPU cores.
-GPU_BACKENDS = frozenset({"opencl", "vulkan", "gpu"})
-CLOUD_BACKENDS = frozenset({"cloud"})
+from backends.descriptors import backends_on
+
+# Read from the backend descriptors: whose work lands on a GPU, on a cloud peer; the rest use the CPU cores.
+GPU_BACKENDS = backends_on("gpu")
+CLOUD_BACKENDS = backends_on("cloud")
 PLAN_KINDS = ("cpu", "gpu", "hybrid")
 
 
@@ -95,7 +97,10 @@ def model_plan(name: str, model: Any) -> CallablePlan:
     executable also reports its stage fallbacks."""
     executable = getattr(model, "executable", None)
     reporting = getattr(executable, "run_reporting", None) if getattr(executable, "thread_safe", False) else None
-    return CallablePlan(name, tuple(model.backend_nodes), model._run_validated, reporting=reporting)
+    # The executable's own device wins (a .tflite model on a GPU delegate is a GPU plan); without
+    # one, plan_device derives it from the backends' descriptors.
+    device = getattr(executable, "device", "")
+    return CallablePlan(name, tuple(model.backend_nodes), model._run_validated, device=device, reporting=reporting)
 
 
 def model_plans(model: Any) -> dict[str, Plan]:
