@@ -88,7 +88,8 @@ async def test_requests_with_different_trailing_shapes_are_never_mixed() -> None
              for n in (3, 5, 3, 5, 5, 3, 3, 5)]
     plan = InstrumentedPlan("cpu", exe)
     sched = ModelScheduler("softmax", exe.inputs, {"cpu": plan},
-                           model_config({"batching": {"max_batch_size": 16, "max_queue_delay_us": 20_000}}),
+                           # A long delay: a stall of the loaded test machine must not flush a partial batch.
+                           model_config({"batching": {"max_batch_size": 16, "max_queue_delay_us": 300_000}}),
                            outputs=exe.outputs)
     async with sched:
         results = await asyncio.gather(*(sched.infer(f) for f in feeds))

@@ -46,7 +46,8 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from edge_runtime.config import RuntimeConfig
     from edge_runtime.runtime import Runtime
 
-    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False))
+    # Pinned cores: one cpu run slot with two threads, whatever the machine (tests count slots).
+    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False, intra_op_threads=2))
     yield rt
     rt.close()
 
