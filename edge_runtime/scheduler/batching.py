@@ -9,10 +9,12 @@ and every request gets its own copy (never a view into another's data).
 
 ``BatchSizer`` decides when a batch is ready and how many requests it takes:
 
-* ready when the waiting rows reach the current limit or the largest
-  preferred size under it; otherwise the batcher waits at most
-  ``max_queue_delay_us`` after the oldest request arrived, then takes what is
-  there;
+* ready at once when the model has no run in flight (an idle device gains
+  nothing by waiting; at concurrency 1 a request never waits for company), and
+  when a device worker's run just ended (it takes what gathered meanwhile);
+* otherwise ready when the waiting rows reach the current limit or the largest
+  preferred size under it, or ``max_queue_delay_us`` after the oldest request
+  arrived, taking what is there;
 * it takes the longest run of requests (in priority order) whose rows sum to a
   preferred size, else the longest that fits the limit (a request larger than
   the limit runs alone);

@@ -234,7 +234,10 @@ class ModelScheduler:
         waiting_rows = sum(entry.rows or 0 for entry in candidates)
         flush_at = min(entry.enqueued_at for entry in candidates) + self._delay_s
         remaining_s = flush_at - time.monotonic()
-        if not (self._sizer.ready(waiting_rows) or remaining_s <= 0 or self._closing):
+        # Company is worth waiting for only while a run of this model is in flight (requests then gather
+        # behind it); an idle model, or a worker whose run just ended, goes with what is waiting.
+        idle = not on_loop or self.in_flight == 0
+        if not (idle or self._sizer.ready(waiting_rows) or remaining_s <= 0 or self._closing):
             if on_loop and (self._timer is None or self._timer.when() > self._loop.time() + remaining_s):
                 if self._timer is not None:
                     self._timer.cancel()
