@@ -32,15 +32,16 @@ from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Sequence
 
 from backends.base import TensorSpec
-from edge_runtime.errors import BackendError, DeadlineExceededError, EdgeRuntimeError
+from edge_runtime.errors import DeadlineExceededError, EdgeRuntimeError
 from edge_runtime.load_monitor import LoadMonitor, LoadReading
 from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
-from edge_runtime.scheduler.batching import BatchSizer, batch_key, join_feeds, request_rows, split_outputs
+from edge_runtime.scheduler.batching import BatchSizer, batch_key, request_rows
+from edge_runtime.scheduler.execution import BatchRun, run_batch
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import Plan, plan_device, plan_kind
 from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, make_policy
 from edge_runtime.scheduler.queue import RequestQueue
-from edge_runtime.scheduler.request import InferenceResult, PlanFailure, QueuedRequest
+from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
 
@@ -341,32 +342,10 @@ class ModelScheduler:
             self.counters["fallbacks"] += requests
             self.counters[f"fallback:{decision.plan}"] += requests
 
-    def _execute(self, plan_name: str, feeds: list[dict],
-                 rows: list[int]) -> tuple[list[dict], float, float, str, PlanFailure | None]:
-        """Worker thread: join, run (falling back to the cpu plan on BackendError), split."""
-        started = time.monotonic()
-        joined = join_feeds(feeds)
-        ran, failure = plan_name, None
-        plan = self.plans[plan_name]
-        reporting = getattr(plan, "reporting", None) or getattr(plan, "run_reporting", None)
-        try:
-            if reporting is None:
-                outputs = plan.run(joined)
-            else:  # a multi-stage plan: a stage that re-ran on the host is reported, not only logged
-                report = reporting(joined)
-                outputs = report.outputs
-                if report.fallback:
-                    failure = PlanFailure(report.fallback, labels=report.labels)
-        except BackendError as exc:
-            if self._cpu_plan is None or self._cpu_plan == plan_name:
-                raise
-            log.warning("model %s: plan %s failed (%s); re-running on %s", self.name, plan_name, exc, self._cpu_plan)
-            ran, failure = self._cpu_plan, PlanFailure.of(plan_name, exc)
-            outputs = self.plans[ran].run(joined)
-        if self._monitor is not None and self._devices[plan_name] == "gpu":
-            self._monitor.note_gpu_busy(started, time.monotonic())
-        parts = split_outputs(outputs, rows)
-        return parts, started, time.monotonic(), ran, failure
+    def _execute(self, plan_name: str, feeds: list[dict], rows: list[int]) -> BatchRun:
+        """Worker thread: one batch through ``run_batch`` (falling back to the cpu plan)."""
+        return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows,
+                         self._monitor if self._devices[plan_name] == "gpu" else None)
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics. Flat integer counters (present once non-zero):
