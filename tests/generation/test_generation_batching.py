@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import oracle_greedy
+from generation_fixtures import oracle_greedy
 
 PROMPTS = ["tap", "the agent taps the button and reads the screen then scrolls down to find the settings menu",
            "open close swipe left right home back wait type search result page title label value ok cancel",

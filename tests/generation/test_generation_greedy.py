@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import oracle_greedy
+from generation_fixtures import oracle_greedy
 
 MESSAGES = [{"role": "system", "content": "You are a phone agent."},
             {"role": "user", "content": "open the settings menu then scroll down, héllo 你好"}]
