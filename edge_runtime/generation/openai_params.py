@@ -30,6 +30,12 @@ class OpenAIRequest:
     prompt: str | list[int] | None = None
     echo: bool = False
     wants_async: bool = False
+    body: Mapping[str, Any] | None = None  # the request as received, for forwarding to a cloud peer
+
+    def forward_body(self, remote_model: str) -> dict[str, Any]:
+        """The body to send an OpenAI-compatible peer: its model name, streamed, with usage."""
+        body = {k: v for k, v in (self.body or {}).items() if k not in ("async", "ignore_eos", "stream_options")}
+        return {**body, "model": remote_model, "stream": True, "stream_options": {"include_usage": True}}
 
 
 def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
@@ -109,7 +115,7 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
         raise InvalidInputError(f"response_format {response_format.get('type')!r} is not supported; use 'text'")
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
-                         messages=messages, wants_async=_bool(body, "async"))
+                         messages=messages, wants_async=_bool(body, "async"), body=body)
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
@@ -125,4 +131,4 @@ def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
         raise InvalidInputError("'suffix' is not supported by this model")
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=False), stream, _stream_options(body, stream), prompt=prompt,
-                         echo=_bool(body, "echo"), wants_async=_bool(body, "async"))
+                         echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body)
