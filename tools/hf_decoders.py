@@ -21,19 +21,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-QWEN_TEMPLATE = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-                 "+ '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
-                 "{{ '<|im_start|>assistant\\n' }}{%- endif %}")
-LLAMA_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] not in ['system', 'user', "
-                  "'assistant'] %}{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
-                  "{{ '[' + message['role'] | upper + '] ' + message['content'] | trim + eos_token }}{% endfor %}"
-                  "{% if add_generation_prompt %}{{ '[ASSISTANT] ' }}{% endif %}")
-
-CORPUS_WORDS = ("the agent taps the button and reads the screen then scrolls down to find the settings menu "
-                "open close swipe left right home back wait type search result page title label value ok cancel "
-                "phone screenshot action history system prompt user assistant tool call json name arguments "
-                "héllo wörld 你好 世界 ✓ → emoji 🙂 naïve café").split()
-
+from edge_runtime.tokenizer_zoo import write_tokenizer_files
 
 @dataclass(frozen=True)
 class DecoderSpec:
@@ -51,62 +39,6 @@ class DecoderSpec:
     @property
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _corpus(seed: int) -> list[str]:
-    import random
-
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(CORPUS_WORDS) for _ in range(rng.randint(4, 24))) for _ in range(4000)] + [
-        "".join(chr(rng.randint(0x20, 0x7E)) for _ in range(64)) for _ in range(400)]
-
-
-def _train_tokenizer(spec: DecoderSpec, out: Path) -> list[str]:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    specials = (["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if spec.arch == "qwen2"
-                else ["<unk>", "<s>", "</s>"])
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>" if spec.arch == "llama" else None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=spec.vocab, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(_corpus(spec.seed), trainer)
-    if spec.arch == "llama":  # Llama's tokenizer adds BOS to a plain prompt; Qwen2's adds nothing
-        bos = tokenizer.token_to_id("<s>")
-        tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                                 special_tokens=[("<s>", bos)])
-    else:
-        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    extra = spec.vocab - tokenizer.get_vocab_size()
-    if extra > 0:  # a small corpus stops merging early: fill the vocabulary so every id decodes
-        tokenizer.add_tokens([f"<extra_{i}>" for i in range(extra)])
-    tokenizer.save(str(out / "tokenizer.json"))
-    return specials
-
-
-def _write_tokenizer_files(spec: DecoderSpec, out: Path) -> tuple[int, list[int]]:
-    """Tokenizer files as a ``transformers`` save writes them; returns (bos id, eos ids)."""
-    from tokenizers import Tokenizer
-
-    specials = _train_tokenizer(spec, out)
-    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
-    ids = {s: tokenizer.token_to_id(s) for s in specials}
-    if spec.arch == "qwen2":
-        # Newer layout: the template lives in chat_template.jinja, not in tokenizer_config.json.
-        (out / "chat_template.jinja").write_text(QWEN_TEMPLATE)
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-                  "pad_token": "<|endoftext|>", "bos_token": None, "model_max_length": spec.max_positions,
-                  "add_bos_token": False}
-        bos, eos = ids["<|endoftext|>"], [ids["<|im_end|>"], ids["<|endoftext|>"]]  # Qwen2.5 lists two
-    else:
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-                  "unk_token": "<unk>", "model_max_length": spec.max_positions, "chat_template": LLAMA_TEMPLATE}
-        bos, eos = ids["<s>"], [ids["</s>"]]
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {k: v for k, v in config.items() if k.endswith("_token") and v}, indent=2))
-    return bos, eos
 
 
 def _perturb(model, seed: int) -> None:
@@ -133,7 +65,7 @@ def hf_folder(spec: DecoderSpec, root: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    bos, eos = _write_tokenizer_files(spec, tmp)
+    bos, eos = write_tokenizer_files(tmp, spec.vocab, spec.arch, seed=spec.seed, max_positions=spec.max_positions)
     common = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, num_hidden_layers=spec.layers,
                   num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
                   intermediate_size=spec.intermediate, max_position_embeddings=spec.max_positions,
