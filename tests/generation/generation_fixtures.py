@@ -1,16 +1,18 @@
-"""Helpers for the generation tests: model specs, the cache folder, the no-cache oracle, a live server."""
+"""Helpers for the generation tests: model specs, the cache folder, the no-cache oracle, a live server's URL."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hf_decoders import DecoderSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+from server_fixtures import LiveServer  # noqa: E402  (the server tests' live app, reused)
 
 SPECS = {
     "qwen2": DecoderSpec(arch="qwen2", hidden=64, layers=2, heads=4, kv_heads=2, vocab=512, max_positions=256),
@@ -62,43 +64,6 @@ def oracle_greedy(folder: Path, prompt: list[int], max_new: int, eos: set[int]) 
     return out
 
 
-class LiveServer:
-    """The real app on 127.0.0.1 in a background thread, for synchronous clients (openai)."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="live-server", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "LiveServer":
-        self._thread.start()
-        if not self._started.wait(120):
-            raise RuntimeError("live server did not start within 120 s")
-        return self
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        from aiohttp import web
-
-        self._stop = asyncio.Event()
-        runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = runner.addresses[0][1]
-        self._started.set()
-        await self._stop.wait()
-        await runner.cleanup()
+def base_url(server: LiveServer) -> str:
+    return f"http://{server.url}"

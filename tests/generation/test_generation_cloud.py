@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from cloud_peer import ServerProcess
-from generation_fixtures import LiveServer
+from generation_fixtures import LiveServer, base_url
 
 TOKEN = "generation-peer-token"
 LONG = [{"role": "user", "content": "open close swipe left right home back wait type search result page title"}]
@@ -61,7 +61,7 @@ def edge(peer: ServerProcess, tmp_path_factory: pytest.TempPathFactory, qwen_fol
 def _metric(server: LiveServer, prefix: str) -> float:
     import urllib.request
 
-    with urllib.request.urlopen(server.base_url + "/metrics") as response:
+    with urllib.request.urlopen(base_url(server) + "/metrics") as response:
         lines = [line for line in response.read().decode().splitlines() if line.startswith(prefix)]
     return float(lines[0].split()[-1]) if lines else 0.0
 
@@ -69,7 +69,7 @@ def _metric(server: LiveServer, prefix: str) -> float:
 def _client(server: Any, token: str = "unused") -> Any:
     import openai
 
-    return openai.OpenAI(base_url=(server.url if hasattr(server, "url") else server.base_url) + "/v1",
+    return openai.OpenAI(base_url=(server.url if isinstance(server, ServerProcess) else base_url(server)) + "/v1",
                          api_key=token, max_retries=0, timeout=60)
 
 

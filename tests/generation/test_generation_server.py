@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from generation_fixtures import LiveServer
+from generation_fixtures import LiveServer, base_url
 
 MESSAGES = [{"role": "system", "content": "You are a phone agent."},
             {"role": "user", "content": "open the settings menu then scroll down"}]
@@ -61,7 +61,7 @@ def local_model(server: LiveServer) -> Any:
 def client(server: LiveServer) -> Any:
     import openai
 
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_openai_client_chat_equals_the_embedded_api(server: LiveServer, client: Any) -> None:
@@ -92,7 +92,7 @@ def test_async_openai_client_concurrent_requests(server: LiveServer) -> None:
     prompts = ["tap", "open close swipe left right home back", "the agent reads the screen"]
 
     async def main() -> list[str]:
-        client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0)
         try:
             answers = await asyncio.gather(*(client.completions.create(
                 model="chat", prompt=p, max_tokens=8 + 4 * i, temperature=0) for i, p in enumerate(prompts)))
@@ -152,7 +152,7 @@ async def _post(server: LiveServer, path: str, body: Any, **kwargs: Any) -> tupl
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
-        async with session.post(server.base_url + path, json=body, **kwargs) as response:
+        async with session.post(base_url(server) + path, json=body, **kwargs) as response:
             return response.status, await response.text(), dict(response.headers)
 
 
@@ -180,7 +180,7 @@ def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> Non
     assert status == 202
     task = json.loads(text)
     for _ in range(600):
-        with urllib.request.urlopen(server.base_url + headers["Location"]) as response:
+        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
             task = json.loads(response.read())
         if task["status"] != "pending":
             break
@@ -197,7 +197,7 @@ def test_disconnect_cancels_the_sequence(server: LiveServer) -> None:
 
     async def hang_up() -> None:
         async with aiohttp.ClientSession() as session:
-            async with session.post(server.base_url + "/v1/completions", json={
+            async with session.post(base_url(server) + "/v1/completions", json={
                     "model": "chat", "prompt": "tap", "max_tokens": 240, "ignore_eos": True, "stream": True,
                     "temperature": 0}) as response:
                 await response.content.readline()  # the stream started: leave mid-way
@@ -217,7 +217,7 @@ def test_metrics_report_prefix_cache_hits(server: LiveServer, client: Any) -> No
     for _ in range(2):
         client.chat.completions.create(model="chat", messages=MESSAGES + [{"role": "user", "content": "again"}],
                                        max_tokens=2, temperature=0)
-    with urllib.request.urlopen(server.base_url + "/metrics") as response:
+    with urllib.request.urlopen(base_url(server) + "/metrics") as response:
         text = response.read().decode()
     hits = [line for line in text.splitlines() if line.startswith('edge_runtime_prefix_cache_saved_tokens_total{model="chat"}')]
     assert hits and float(hits[0].split()[-1]) > 0
