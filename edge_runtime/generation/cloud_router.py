@@ -54,7 +54,7 @@ class GenerationRouter:
         stats = self.model.batcher.stats()
         if not stats.prefill_tokens_per_s or not stats.decode_tokens_per_s:
             return None
-        ahead = stats.queued / max(1, self.model.engine.kv.max_batch)
+        ahead = stats.queued / max(1, self.model.settings.max_batch_size)
         return (prompt_tokens / stats.prefill_tokens_per_s + new_tokens / stats.decode_tokens_per_s) * 1e3 * (
             1 + ahead)
 

@@ -91,21 +91,32 @@ class GenerativeModel:
         from edge_runtime.generation.folder import read_folder
         from edge_runtime.generation.prefix_cache import PrefixCache
 
+        from edge_runtime.generation.folder import is_genai_folder
+
         self.name = name
         self.path = Path(path)
         self.settings = settings or GenerationSettings()
-        self.folder = read_folder(self.path)
         self.tokenizer = ChatTokenizer(self.path)
-        max_len = min(self.folder.context_length, self.settings.max_seq_len)
-        self.engine = DecoderEngine(self.folder, threads=self.settings.threads or threads,
-                                    max_batch=self.settings.max_batch_size, max_len=max_len)
-        self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
-        self.batcher = ContinuousBatcher(self.engine, self.settings, self.prefix_cache,
-                                         frozenset(self.folder.eos_token_ids), self.tokenizer.decode)
+        self.engine = None
+        if is_genai_folder(self.path):  # onnxruntime-genai owns model and KV: no prefix cache of ours
+            from edge_runtime.generation.genai_engine import GenaiBatcher, read_genai_folder
+
+            self.backend = "onnxruntime-genai"
+            self.folder = read_genai_folder(self.path)
+            self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, 0)
+            self.batcher = GenaiBatcher(self.folder, self.settings, self.tokenizer.decode)
+        else:
+            self.folder = read_folder(self.path)
+            max_len = min(self.folder.context_length, self.settings.max_seq_len)
+            self.engine = DecoderEngine(self.folder, threads=self.settings.threads or threads,
+                                        max_batch=self.settings.max_batch_size, max_len=max_len)
+            self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
+            self.batcher = ContinuousBatcher(self.engine, self.settings, self.prefix_cache,
+                                             frozenset(self.folder.eos_token_ids), self.tokenizer.decode)
         self.batcher.start()
-        log.info("generative model %s: %s, %d layers, context %d, KV %d B/token, batch %d", name,
-                 self.folder.model_type or "decoder", self.folder.kv.layers, max_len,
-                 self.folder.kv.bytes_per_token, self.engine.kv.max_batch)
+        log.info("generative model %s on %s: %s, %d layers, context %d, KV %d B/token", name, self.backend,
+                 self.folder.model_type or "decoder", self.folder.kv.layers, self.batcher.max_len,
+                 self.folder.kv.bytes_per_token)
 
     @property
     def context_length(self) -> int:
@@ -214,12 +225,7 @@ class GenerativeModel:
 
 def load_generative(path: Path, name: str | None = None, settings: GenerationSettings | None = None,
                     threads: int = 1) -> GenerativeModel:
-    """Load a generative folder (``optimum`` layout); raises ModelLoadError saying what is wrong."""
-    from edge_runtime.errors import ModelLoadError
-    from edge_runtime.generation.folder import is_genai_folder
-
+    """Load a generative folder (``optimum`` layout, or onnxruntime-genai's with the ``genai`` extra);
+    raises ModelLoadError saying what is wrong."""
     path = Path(path)
-    if is_genai_folder(path):
-        raise ModelLoadError(f"{path}: onnxruntime-genai folders (genai_config.json) are not supported yet; "
-                             "export the model with optimum (text-generation-with-past)")
     return GenerativeModel(name or path.name, path, settings, threads=threads)
