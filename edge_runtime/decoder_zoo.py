@@ -78,15 +78,32 @@ class _Decoder:
     def const(self, name: str, value: np.ndarray) -> str:
         return self.g.const(name, value)
 
-    def linear(self, x: str, name: str, bias: bool = False) -> str:
+    def linear(self, x: str, name: str) -> str:
+        """``x @ W.T (+ b)``; the bias is optional (Qwen2 has q/k/v biases, Llama none)."""
         y = self.g.op("MatMul", [x, self.const(name, np.ascontiguousarray(self.w[name + ".weight"].T))])
-        return self.g.op("Add", [y, self.const(name + ".bias", self.w[name + ".bias"])]) if bias else y
+        bias = self.w.get(name + ".bias")
+        return self.g.op("Add", [y, self.const(name + ".bias", bias)]) if bias is not None else y
+
+    def fused_linear(self, x: str, names: list[str]) -> list[str]:
+        """Several projections of one input as one MatMul (one pass over ``x``, one kernel), then Split."""
+        weights = [self.w[n + ".weight"] for n in names]
+        y = self.g.op("MatMul", [x, self.const(names[0] + ".fused", np.ascontiguousarray(
+            np.concatenate(weights, axis=0).T))])
+        if all(n + ".bias" in self.w for n in names):
+            y = self.g.op("Add", [y, self.const(names[0] + ".fused_bias", np.concatenate(
+                [self.w[n + ".bias"] for n in names]))])
+        elif any(n + ".bias" in self.w for n in names):
+            raise ValueError(f"some but not all of {names} have biases")
+        sizes = self.const("split", np.array([w.shape[0] for w in weights], np.int64))
+        return self.g.op("Split", [y, sizes], len(names), axis=-1)
 
     def rms_norm(self, x: str, name: str) -> str:
+        # NOTE: exactly the Pow/ReduceMean/Add/Sqrt/Div/Mul chain ONNX Runtime fuses into one
+        # SimplifiedLayerNormalization kernel; an equivalent spelling (x*x, Reciprocal) stays six ops.
         g = self.g
-        variance = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=[-1], keepdims=1)
-        inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [variance, self.const("eps", np.float32(self.s.rms_eps))])])])
-        return g.op("Mul", [g.op("Mul", [x, inv]), self.const(name, self.w[name])])
+        variance = g.op("ReduceMean", [g.op("Pow", [x, self.const("two", np.float32(2.0))])], axes=[-1], keepdims=1)
+        norm = g.op("Div", [x, g.op("Sqrt", [g.op("Add", [variance, self.const("eps", np.float32(self.s.rms_eps))])])])
+        return g.op("Mul", [norm, self.const(name, self.w[name])])
 
     def rotate(self, x: str, cos: str, sin: str) -> str:
         g = self.g
@@ -124,8 +141,9 @@ class _Decoder:
             p = f"model.layers.{n}."
             h = self.rms_norm(x, p + "input_layernorm.weight")
             heads = {}
-            for kind, count in (("q", s.heads), ("k", s.kv_heads), ("v", s.kv_heads)):
-                y = self.linear(h, p + f"self_attn.{kind}_proj", bias=True)
+            kinds = (("q", s.heads), ("k", s.kv_heads), ("v", s.kv_heads))
+            projected = self.fused_linear(h, [p + f"self_attn.{kind}_proj" for kind, _ in kinds])
+            for (kind, count), y in zip(kinds, projected):
                 y = g.op("Reshape", [y, self.const("shape", np.array([0, 0, count, d], np.int64))])
                 heads[kind] = g.op("Transpose", [y], perm=[0, 2, 1, 3])  # [batch, heads, seq, dim]
             q, k = self.rotate(heads["q"], cos, sin), self.rotate(heads["k"], cos, sin)
@@ -146,8 +164,8 @@ class _Decoder:
                                         self.const("shape", np.array([0, 0, s.hidden], np.int64))])
             x = g.op("Add", [x, self.linear(attended, p + "self_attn.o_proj")])
             h = self.rms_norm(x, p + "post_attention_layernorm.weight")
-            gate = self.linear(h, p + "mlp.gate_proj")
-            act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), self.linear(h, p + "mlp.up_proj")])
+            gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])
+            act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
             x = g.op("Add", [x, self.linear(act, p + "mlp.down_proj")])
             kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", d]
             out_shape = ["batch_size", s.kv_heads, "past_sequence_length + sequence_length", d]
@@ -156,19 +174,55 @@ class _Decoder:
             outputs += [helper.make_tensor_value_info(present_k, TensorProto.FLOAT, out_shape),
                         helper.make_tensor_value_info(present_v, TensorProto.FLOAT, out_shape)]
         x = self.rms_norm(x, "model.norm.weight")
-        g.op("MatMul", [x, self.const("lm_head", np.ascontiguousarray(self.w["model.embed_tokens.weight"].T))])
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
+        g.op("MatMul", [x, self.const("lm_head", np.ascontiguousarray(head.T))])
         g.nodes[-1].output[0] = "logits"
-        head = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        graph_inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                               ["batch_size", "past_sequence_length + sequence_length"]),
                 helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
         logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
-        return g.model("qwen2_style_decoder", head + inputs, [logits] + outputs)
+        return g.model("qwen2_style_decoder", graph_inputs + inputs, [logits] + outputs)
 
 
 def build_decoder(shape: DecoderShape, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The decoder graph (see the module docstring); weights are stored as initializers."""
     return _Decoder(shape, weights).build()
+
+
+def decoder_folder_from_hf(hf_folder: Path, out: Path) -> Path:
+    """Our graph for a Hugging Face Qwen2/Llama folder (``config.json`` + ``model.safetensors``), no torch.
+
+    The leaner alternative to an ``optimum`` export (about half the nodes once ONNX Runtime has
+    optimised both: no shape subgraphs, grouped-query attention without repeated K/V), written
+    with the same inputs and outputs. Needs the ``safetensors`` package. Tokenizer and
+    generation files are copied.
+    """
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    hf_folder, out = Path(hf_folder), Path(out)
+    config = json.loads((hf_folder / "config.json").read_text())
+    if config.get("model_type") not in ("qwen2", "llama"):
+        raise ValueError(f"{hf_folder}: model_type {config.get('model_type')!r} is not qwen2 or llama")
+    shape = DecoderShape(hidden=config["hidden_size"], layers=config["num_hidden_layers"],
+                         heads=config["num_attention_heads"],
+                         kv_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+                         intermediate=config["intermediate_size"], vocab=config["vocab_size"],
+                         max_positions=config["max_position_embeddings"],
+                         rope_theta=float(config.get("rope_theta", 10000.0)), rms_eps=config["rms_norm_eps"])
+    weights = {k: np.asarray(v, np.float32) for k, v in load_file(str(hf_folder / "model.safetensors")).items()}
+    if config.get("tie_word_embeddings"):
+        weights.pop("lm_head.weight", None)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(build_decoder(shape, weights), str(out / "model.onnx"), save_as_external_data=True,
+              location="model.onnx.data")
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja", "special_tokens_map.json"):
+        if (hf_folder / name).is_file():
+            shutil.copyfile(hf_folder / name, out / name)
+    return out
 
 
 def write_decoder_folder(folder: Path, shape: DecoderShape, seed: int = 0) -> Path:

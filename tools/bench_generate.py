@@ -9,7 +9,9 @@ weights go through onnxruntime-genai's model builder (its own venv:
 
 * single stream, 64-token prompt, 128 new tokens (greedy, EOS ignored): time
   to first token and decode tokens/s of edge-runtime (through its batcher, as
-  an app gets it), onnxruntime-genai, and a hand-written ORT loop feeding
+  an app gets it) on the optimum export and on its own graph of the same
+  weights (``decoder_zoo.decoder_folder_from_hf``: fused projections, no shape
+  subgraphs), onnxruntime-genai, and a hand-written ORT loop feeding
   ``present`` back as ``past`` through numpy;
 * aggregate tokens/s with 1, 4 and 8 concurrent streams (continuous batching),
   and genai's static batch of 8 beside it;
@@ -147,7 +149,13 @@ def main() -> int:
     hf, folder = hf_folder(SPEC, args.models), optimum_folder(SPEC, args.models)
     settings = GenerationSettings(max_batch_size=8, threads=args.threads, max_seq_len=2048,
                                   prefix_cache_bytes=512 * 1024 * 1024, prefill_chunk_tokens=512)
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+
+    lean_folder = args.models / f"lean-{SPEC.key}"
+    if not (lean_folder / "model.onnx").is_file():
+        decoder_folder_from_hf(hf, lean_folder)
     model = GenerativeModel("bench", folder, settings)
+    lean = GenerativeModel("bench-lean", lean_folder, settings)
     kv = model.folder.kv
     plain = PlainLoop(folder / "model.onnx", args.threads, kv.layers, kv.kv_heads, kv.head_dim)
     genai = None
@@ -159,15 +167,18 @@ def main() -> int:
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, SPEC.vocab, 64)]
     stream_prompts = [[int(t) for t in rng.integers(10, SPEC.vocab, 64)] for _ in range(8)]
-    single: dict[str, list[dict[str, Any]]] = {"edge-runtime": [], "plain-ort-loop": [], "onnxruntime-genai": []}
+    single: dict[str, list[dict[str, Any]]] = {"edge-runtime": [], "edge-runtime-own-graph": [], "plain-ort-loop": [],
+                                               "onnxruntime-genai": []}
     streams: dict[int, list[float]] = {1: [], 4: [], 8: []}
     genai_batch8: list[float] = []
     model.generate(prompt, max_tokens=4, ignore_eos=True)  # warm-up
+    lean.generate(prompt, max_tokens=4, ignore_eos=True)
     plain.run(prompt, 4)
     if genai is not None:
         genai.ask(cmd="single", prompt=prompt, new=4)
     for _ in range(rounds):
         single["edge-runtime"].append(ours_single(model, prompt, new))
+        single["edge-runtime-own-graph"].append(ours_single(lean, prompt, new))
         if genai is not None:
             single["onnxruntime-genai"].append(genai.ask(cmd="single", prompt=prompt, new=new))
         single["plain-ort-loop"].append(plain.run(prompt, new))
@@ -196,6 +207,7 @@ def main() -> int:
         "onnxruntime_genai": genai.version if genai is not None else genai_note,
         "greedy_tokens_agree_with_genai": agree,
         "greedy_tokens_agree_with_plain_loop": single["plain-ort-loop"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
+        "greedy_tokens_agree_own_graph": single["edge-runtime-own-graph"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
         "single_stream": {name: {"ttft_ms_best": round(best([r["ttft_ms"] for r in rows], high=False), 2),
                                  "decode_tokens_per_s_best": round(best([r["decode_tokens_per_s"] for r in rows]), 1)}
                           for name, rows in single.items() if rows},
@@ -207,6 +219,7 @@ def main() -> int:
     s = summary["single_stream"]
     summary["ratios"] = {
         "decode_vs_genai": _ratio(s, "onnxruntime-genai"),
+        "decode_own_graph_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-own-graph"),
         "decode_vs_plain_loop": _ratio(s, "plain-ort-loop"),
         "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2),
         "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3),
@@ -216,15 +229,16 @@ def main() -> int:
     _plot(summary, args.out / "bench_generate.png")
     print(json.dumps(summary, indent=2))
     model.close()
+    lean.close()
     if genai is not None:
         genai.close()
     return 0
 
 
-def _ratio(single: dict[str, Any], other: str) -> float | None:
+def _ratio(single: dict[str, Any], other: str, ours: str = "edge-runtime") -> float | None:
     if other not in single:
         return None
-    return round(single["edge-runtime"]["decode_tokens_per_s_best"] / single[other]["decode_tokens_per_s_best"], 2)
+    return round(single[ours]["decode_tokens_per_s_best"] / single[other]["decode_tokens_per_s_best"], 2)
 
 
 def _params(spec: DecoderSpec) -> int:

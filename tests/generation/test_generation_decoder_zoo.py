@@ -55,3 +55,18 @@ def test_demo_folder_generates_like_the_oracle(tmp_path: Path, model_factory) ->
     expected = oracle_greedy(folder, model.prepare(messages=messages).ids, 16, set(model.folder.eos_token_ids))
     assert list(result.token_ids) == expected
     assert len(set(expected)) > 3  # varied tokens, not one repeated
+
+
+def test_our_graph_from_hf_weights_generates_like_the_optimum_export(hf_model_folder: Path, onnx_folder: Path,
+                                                                     tmp_path: Path, model_factory) -> None:
+    pytest.importorskip("safetensors")
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+
+    lean = model_factory(decoder_folder_from_hf(hf_model_folder, tmp_path / "lean"), max_batch_size=2)
+    exported = model_factory(onnx_folder)
+    messages = [{"role": "user", "content": "open the settings menu then scroll down"}]
+    a = lean.generate(messages=messages, max_tokens=20)
+    b = exported.generate(messages=messages, max_tokens=20)
+    assert a.token_ids == b.token_ids
+    assert list(a.token_ids) == oracle_greedy(onnx_folder, exported.prepare(messages=messages).ids, 20,
+                                              set(exported.folder.eos_token_ids))
