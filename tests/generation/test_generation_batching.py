@@ -132,3 +132,29 @@ def test_logprobs_are_the_log_softmax_of_the_oracle_logits(qwen_folder: Path, mo
     first = result.logprobs[0]
     assert first.logprob == pytest.approx(expected[first.token], abs=1e-4)
     assert [t for t, _ in first.top] == list(np.argsort(-expected)[:3])
+
+
+def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(qwen_folder: Path, model_factory) -> None:
+    from edge_runtime.generation.model import sampling_params
+
+    model = model_factory(qwen_folder, prefill_chunk_tokens=8, prefix_cache_bytes=0)
+    engine = model.engine
+    calls: list[tuple[str, int]] = []
+    prefill, decode = engine.prefill, engine.decode
+    engine.prefill = lambda tokens, past: (calls.append(("prefill", len(tokens))), prefill(tokens, past))[1]
+    engine.decode = lambda tokens: (calls.append(("decode", len(tokens))), decode(tokens))[1]
+    started = threading.Event()
+    params = sampling_params(max_tokens=200, ignore_eos=True, temperature=0.0)  # outlives the long prefill
+    running = model.submit(model.prepare(PROMPTS[0]), params, lambda c: started.set())
+    assert started.wait(30)
+    long_prompt = model.prepare(" ".join(PROMPTS[1:4]))
+    assert len(long_prompt.ids) > 30
+    result = model.generate(long_prompt.ids, max_tokens=4)
+    assert result.usage.prompt_tokens == len(long_prompt.ids)
+    model.cancel(running)
+    first = next(i for i, c in enumerate(calls) if c == ("prefill", 8) and i > 0)
+    window = calls[first:first + 2 * (len(long_prompt.ids) // 8)]
+    # between two prefill chunks of the long prompt, the running stream got its decode step
+    for a, b in zip(window, window[1:]):
+        assert not (a[0] == "prefill" and b[0] == "prefill"), window
+    assert max(n for kind, n in calls if kind == "prefill") <= 8
