@@ -4,19 +4,22 @@ Body: ``{"text_input": "...", "parameters": {...}}``; parameters (top-level or
 under ``parameters``) are OpenAI's sampling names (``max_tokens``,
 ``temperature``, ``top_p``, ``seed``, ``stop``, ...). The answer is
 ``{"model_name", "model_version", "text_output"}``; the stream sends one such
-event per chunk (``text_output`` the new text). Errors take the v2 routes'
+event per chunk (``text_output`` the new text); ``"async": true`` answers 202
+with a task polled through ``/v2/tasks/{id}``. Errors take the v2 routes'
 ``{"error": ...}`` shape through the error middleware.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, AsyncIterator
 
 from aiohttp import web
 
 from edge_runtime.errors import InvalidInputError
 from edge_runtime.generation.openai_params import parse_completion
-from edge_runtime.server.generation_http import generative, json_object, sse, until_disconnect
+from edge_runtime.protocol.codec import EncodedResponse
+from edge_runtime.server.generation_http import generative, json_object, sse, state_of, until_disconnect
 from edge_runtime.server.layout import parse_version
 
 
@@ -37,8 +40,6 @@ def _target(request: web.Request) -> Any:
     version = request.match_info.get("version")
     if version is None:
         return loaded
-    from edge_runtime.server.generation_http import state_of
-
     return state_of(request).repository.get(loaded.name, parse_version(version))
 
 
@@ -51,6 +52,13 @@ async def generate(request: web.Request) -> web.Response:
     async def collect() -> str:
         return "".join([chunk.text async for chunk in chunks])
 
+    if parsed.wants_async:  # 202 + task, polled through /v2/tasks/{id} like an async /infer
+        async def work() -> EncodedResponse:
+            document = {"model_name": loaded.name, "model_version": str(loaded.version), "text_output": await collect()}
+            return EncodedResponse(json.dumps(document).encode())
+
+        task = state_of(request).tasks.submit(loaded.name, str(loaded.version), work)
+        return web.json_response(task.to_dict(), status=202, headers={"Location": f"/v2/tasks/{task.id}"})
     try:
         text = await until_disconnect(request, collect())
     finally:

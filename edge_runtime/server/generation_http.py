@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Mapping
 
 from aiohttp import web
 
@@ -93,5 +93,3 @@ async def sse(request: web.Request, events: AsyncIterator[Mapping[str, Any]], do
         await events.aclose()  # type: ignore[attr-defined]
     return response
 
-
-ErrorResponder = Callable[[BaseException, ServerState], web.Response]

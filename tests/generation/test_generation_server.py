@@ -187,6 +187,16 @@ def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> Non
         time.sleep(0.05)
     assert task["status"] == "succeeded", task
     assert task["response"]["choices"][0]["message"]["content"] == expected
+    status, text, headers = asyncio.run(_post(server, "/v2/models/chat/generate", {
+        "text_input": "the agent taps", "parameters": {"max_tokens": 6, "temperature": 0, "async": True}}))
+    assert status == 202
+    for _ in range(600):
+        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
+            task = json.loads(response.read())
+        if task["status"] != "pending":
+            break
+        time.sleep(0.05)
+    assert task["response"]["text_output"] == local_model(server).generate("the agent taps", max_tokens=6).text
 
 
 def test_disconnect_cancels_the_sequence(server: LiveServer) -> None:
