@@ -115,7 +115,10 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         return _submit_task(request, loaded, answer, chunks, prepared.text)
     first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent
     if parsed.stream:
-        return await sse(request, answer.events(first, chunks, prepared.text))
+        try:
+            return await sse(request, answer.events(first, chunks, prepared.text))
+        finally:
+            await chunks.aclose()  # a client gone mid-stream: its sequence is cancelled now, not at GC
 
     async def collect() -> list[Any]:
         collected = [first]
