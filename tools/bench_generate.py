@@ -176,12 +176,15 @@ def main() -> int:
     plain.run(prompt, 4)
     if genai is not None:
         genai.ask(cmd="single", prompt=prompt, new=4)
-    for _ in range(rounds):
-        single["edge-runtime"].append(ours_single(model, prompt, new))
-        single["edge-runtime-own-graph"].append(ours_single(lean, prompt, new))
-        if genai is not None:
-            single["onnxruntime-genai"].append(genai.ask(cmd="single", prompt=prompt, new=new))
-        single["plain-ort-loop"].append(plain.run(prompt, new))
+    runners = {"edge-runtime": lambda: ours_single(model, prompt, new),
+               "edge-runtime-own-graph": lambda: ours_single(lean, prompt, new),
+               "plain-ort-loop": lambda: plain.run(prompt, new)}
+    if genai is not None:
+        runners["onnxruntime-genai"] = lambda: genai.ask(cmd="single", prompt=prompt, new=new)
+    order = list(runners)
+    for round_index in range(rounds):
+        for name in order[round_index % len(order):] + order[:round_index % len(order)]:  # rotate who goes first
+            single[name].append(runners[name]())
         for count in streams:
             streams[count].append(ours_streams(model, stream_prompts[:count], new))
         if genai is not None:
