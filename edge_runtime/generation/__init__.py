@@ -6,7 +6,9 @@ character; ``sampling`` picks tokens; ``kv_cache`` and ``engine`` run prefill
 and decode with the KV cache in preallocated buffers; ``prefix_cache`` reuses
 the KV of prompt prefixes; ``batcher`` schedules sequences per token
 (continuous batching); ``model`` is the embedded API (``GenerativeModel``);
-``openai_cloud`` sends requests to an OpenAI-compatible peer.
+``openai_params`` parses OpenAI request bodies; ``openai_cloud`` and
+``cloud_router`` send requests to an OpenAI-compatible peer; ``genai_engine``
+runs onnxruntime-genai folders; ``command`` is the CLI.
 
 This package knows no HTTP: the server's ``openai_routes`` and
 ``generate_routes`` translate requests into it. Heavy imports (onnxruntime,
