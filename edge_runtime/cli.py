@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_split_arguments(split)
     split.set_defaults(handler=_cmd_split)
 
+    generate = sub.add_parser("generate", help="generate text with a decoder LLM folder (optimum export)")
+    from edge_runtime.generation.command import add_generate_arguments  # argparse only: cheap to import
+
+    add_generate_arguments(generate)
+    generate.set_defaults(handler=_cmd_generate)
+
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
@@ -119,12 +125,26 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from edge_runtime.demo import format_table, run_demo
 
-    rows, chosen = run_demo(repeat=args.repeat)
+    from edge_runtime.generation.command import format_generation, generation_demo
+    from edge_runtime.runtime import Runtime
+
+    runtime = Runtime()
+    try:
+        rows, chosen = run_demo(repeat=args.repeat, runtime=runtime)
+        generation = generation_demo(runtime)
+    finally:
+        runtime.close()
     if args.json:
-        _print_json({"rows": rows, "auto_backend": chosen})
+        _print_json({"rows": rows, "auto_backend": chosen, "generation": generation})
     else:
-        print(format_table(rows, chosen))
+        print(format_table(rows, chosen) + format_generation(generation))
     return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from edge_runtime.generation.command import run_generate
+
+    return run_generate(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

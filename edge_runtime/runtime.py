@@ -24,6 +24,8 @@ from edge_runtime.errors import (
 from edge_runtime.model import LoadReport, Model
 
 if TYPE_CHECKING:
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.planning.cost import BackendSpeed
     from edge_runtime.planning.executor import PlanExecutor
     from edge_runtime.planning.plans import Planner
@@ -124,6 +126,8 @@ class Runtime:
         InvalidInputError (both a backend and a plan named).
         """
         path = Path(path)
+        if path.is_dir():
+            return self.load_generative(path, name)
         if not path.is_file():
             raise ModelNotFoundError(f"model file not found: {path}")
         if plan is not None and backend != "auto":
@@ -151,6 +155,21 @@ class Runtime:
                 # NOTE: a model that loaded whole before must not stop loading because a split failed.
                 log.warning("plan 'auto' for %s failed (%s); placing the whole model instead", path, exc)
         return self._load_auto(name, path, proto, options)
+
+    def load_generative(self, folder: str | os.PathLike, name: str | None = None,
+                        settings: "GenerationSettings | None" = None) -> "GenerativeModel":
+        """Load a decoder LLM folder (``optimum`` layout, see ``edge_runtime.generation``).
+
+        Raises ModelNotFoundError (no such folder, or not a generative one), ModelLoadError.
+        """
+        from edge_runtime.generation.folder import is_generative_folder
+        from edge_runtime.generation.model import load_generative
+
+        folder = Path(folder)
+        if not is_generative_folder(folder):
+            raise ModelNotFoundError(f"{folder} is not a generative model folder: expected tokenizer.json with "
+                                     "model.onnx + config.json (optimum) or genai_config.json")
+        return load_generative(folder, name, settings, threads=self.threads)
 
     # -- plans across backends (edge_runtime.planning) -------------------------------
     def accelerator(self) -> str | None:

@@ -8,6 +8,7 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from edge_runtime.server.config import ServerConfig
+from edge_runtime.server.generation_metrics import GenerationCollector
 from edge_runtime.server.metrics import ServerCollector, make_registry
 from edge_runtime.server.middleware import auth_middleware, error_middleware
 from edge_runtime.serving.dataplane import DataPlane
@@ -30,6 +31,7 @@ def create_app(config: ServerConfig, repository: ModelRepository) -> web.Applica
     stats = InferenceStats()
     tasks = TaskStore(config.task_ttl_s, config.max_tasks, config.max_task_bytes, config.overload_status)
     registry = make_registry(ServerCollector(stats, repository, tasks.counts))
+    registry.register(GenerationCollector(repository))  # prefix cache and batch figures of generative models
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware(config.overload_status, config.retry_after_s),
                                        auth_middleware(config.token)])

@@ -18,6 +18,8 @@ from edge_runtime.server import inference
 from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.codec import EncodedResponse, wire_datatype, wire_shape
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
+from edge_runtime.server.generate_routes import GENERATE_ROUTES
+from edge_runtime.server.openai_routes import OPENAI_ROUTES
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
 from edge_runtime.serving.layout import check_model_name, parse_version
 from edge_runtime.serving.repository import LoadedVersion
@@ -28,7 +30,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVER_NAME = "edge-runtime"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration",
-              "schedule_policy", "parameters", "async_tasks", "system_shared_memory")
+              "schedule_policy", "parameters", "async_tasks", "system_shared_memory", "generate")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -334,6 +336,7 @@ ROUTES: tuple[Route, ...] = (
           "Unregister a region (refused while a running request uses it)", tag="shared memory"),
     Route("POST", "/v2/systemsharedmemory/unregister", shm_unregister, "Unregister every region",
           tag="shared memory"),
+    *(Route(*row) for row in GENERATE_ROUTES + OPENAI_ROUTES),  # text generation: generate_routes, openai_routes
     Route("GET", "/metrics", metrics, "Prometheus metrics", "PrometheusText", tag="operations"),
     Route("GET", "/openapi.json", openapi, "This OpenAPI 3 document", "OpenAPI", tag="operations"),
 )

@@ -36,6 +36,7 @@ from edge_runtime.errors import (
     ModelNotFoundError,
     UnsupportedNodesError,
 )
+from edge_runtime.generation.folder import is_generative_folder
 from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
 from edge_runtime.scheduler.factory import serving_options
@@ -228,6 +229,10 @@ class ModelRepository:
     def _build_version(self, name: str, version: int, path: Path, config: ModelConfig,
                        serving: ServingConfig) -> LoadedVersion:
         services = self.start()
+        if is_generative_folder(path.parent):  # a decoder LLM folder: served by the generation routes
+            from edge_runtime.server.generation_serving import generative_version
+
+            return generative_version(name, version, path.parent, config, serving, self.runtime, services)
         try:
             model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime))
         except CANNOT_LOAD_HERE as exc:
