@@ -149,3 +149,26 @@ def test_fp16_on_request_reports_its_measured_drift(vk_backend) -> None:
     assert drift["mode"] == "fp16" and drift["drift"]["measured"] is True
     assert 0.0 < drift["drift"]["max_abs"] < 0.05  # fp16 rounding: not zero, not wild
     executable.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_cli_run_json_reports_placement_and_precision(tmp_path, precision) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "convs.onnx"
+    onnx.save(_model_with_a_refused_node(refused=False), path)
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path / "cache"), "EDGE_RUNTIME_PRECISION": precision,
+           "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, "-m", "edge_runtime", "run", str(path), "--backend", "vulkan", "--json",
+                           "--repeat", "2"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["backend"] == "vulkan" and result["backend_nodes"] == {"vulkan": 7}
+    assert result["precision"]["mode"] == precision
+    if precision == "fp16":
+        assert result["precision"]["drift"]["measured"] is True and result["precision"]["drift"]["max_abs"] > 0
+    else:
+        assert "drift" not in result["precision"]
+    assert result["load"]["executable"]["shader_cache"]["path"]
