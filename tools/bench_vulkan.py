@@ -33,9 +33,10 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 TFLITE_MODELS = ("hand_recrop.tflite",)
+OCR_SHAPES = {"x": [1, 3, 48, 192]}  # the classifier's dynamic input at the size PaddleOCR feeds it
 
 
-def _child(backend: str, model: str, runs: int) -> dict[str, float]:
+def _child(backend: str, model: str, runs: int, shapes: dict[str, list[int]]) -> dict[str, float]:
     from edge_runtime.config import runtime_config
     from edge_runtime.feeds import random_feeds
     from edge_runtime.runtime import Runtime
@@ -43,9 +44,8 @@ def _child(backend: str, model: str, runs: int) -> dict[str, float]:
     runtime = Runtime(runtime_config())
     started = time.perf_counter()
     loaded = runtime.load(model, backend=backend)
-    shapes = [s for s in loaded.inputs]
-    feeds = random_feeds([type(s)(s.name, s.dtype, tuple(d if isinstance(d, int) else 1 for d in s.shape))
-                          for s in shapes], seed=0)
+    specs = [type(s)(s.name, s.dtype, tuple(shapes.get(s.name, s.shape))) for s in loaded.inputs]
+    feeds = random_feeds(specs, seed=0)
     loaded.run(feeds)
     first_s = time.perf_counter() - started
     times = []
@@ -57,10 +57,11 @@ def _child(backend: str, model: str, runs: int) -> dict[str, float]:
     return {"first_s": first_s, "p50_ms": float(np.median(times))}
 
 
-def _measure(backend: str, model: Path, runs: int, cache: Path) -> dict[str, float] | None:
+def _measure(backend: str, model: Path, runs: int, cache: Path, shapes: dict) -> dict[str, float] | None:
     env = {**os.environ, "MESA_SHADER_CACHE_DIR": str(cache / "mesa"), "EDGE_RUNTIME_CACHE": str(cache / "rt"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, __file__, "--child", backend, str(model), "--runs", str(runs)],
+    done = subprocess.run([sys.executable, __file__, "--child", backend, str(model), "--runs", str(runs),
+                           "--shapes", json.dumps(shapes)],
                           capture_output=True, text=True, env=env, timeout=900, check=False)
     if done.returncode != 0:
         sys.stderr.write(f"{backend} on {model.name} failed: {done.stderr.strip().splitlines()[-1:]}\n")
@@ -68,21 +69,21 @@ def _measure(backend: str, model: Path, runs: int, cache: Path) -> dict[str, flo
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _models(mediapipe: Path | None, workdir: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
+def _models(mediapipe: Path | None, workdir: Path) -> dict[str, tuple[Path, tuple[str, ...], dict]]:
     import importlib.util
 
-    found: dict[str, tuple[Path, tuple[str, ...]]] = {}
+    found: dict[str, tuple[Path, tuple[str, ...], dict]] = {}
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec and spec.submodule_search_locations:
         for path in (Path(list(spec.submodule_search_locations)[0]) / "models").glob("*_cls_*.onnx"):
-            found["ppocr_cls"] = (path, ("vulkan", "cpu", "opencl"))
+            found["ppocr_cls"] = (path, ("vulkan", "cpu", "opencl"), OCR_SHAPES)
     if mediapipe is not None:
         sys.path.insert(0, str(ROOT / "tests" / "backends" / "tflite"))
         from test_tflite_mediapipe import _from_wheels
 
         for name, path in _from_wheels(mediapipe, workdir).items():
             if name in TFLITE_MODELS:
-                found[name.removesuffix(".tflite")] = (path, ("vulkan", "tflite"))
+                found[name.removesuffix(".tflite")] = (path, ("vulkan", "tflite"), {})
     return found
 
 
@@ -94,20 +95,21 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 round of 10 runs")
     parser.add_argument("--plot", type=Path, default=Path("bench_vulkan.png"))
     parser.add_argument("--child", nargs=2, metavar=("BACKEND", "MODEL"), help=argparse.SUPPRESS)
+    parser.add_argument("--shapes", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child[0], args.child[1], args.runs)))
+        print(json.dumps(_child(args.child[0], args.child[1], args.runs, json.loads(args.shapes))))
         return 0
     rounds, runs = (1, 10) if args.quick else (args.rounds, args.runs)
     results: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for model, (path, backends) in _models(args.mediapipe, Path(tmp)).items():
+        for model, (path, backends, shapes) in _models(args.mediapipe, Path(tmp)).items():
             best: dict[str, dict[str, float]] = {}
             for r in range(rounds):
                 for backend in backends:
                     cache = Path(tmp) / f"{model}-{backend}-{r}"
-                    cold = _measure(backend, path, runs, cache)
-                    warm = _measure(backend, path, runs, cache)
+                    cold = _measure(backend, path, runs, cache, shapes)
+                    warm = _measure(backend, path, runs, cache, shapes)
                     if cold is None or warm is None:
                         continue
                     row = {"cold_first_s": cold["first_s"], "warm_first_s": warm["first_s"],

@@ -172,3 +172,18 @@ def test_cli_run_json_reports_placement_and_precision(tmp_path, precision) -> No
     else:
         assert "drift" not in result["precision"]
     assert result["load"]["executable"]["shader_cache"]["path"]
+
+
+def test_the_grouped_conv_the_ep_computes_wrong_is_refused(vk_backend) -> None:
+    """When an EP release fixes it, this fails: then drop placement.known_wrong's Conv rule."""
+    import onnxruntime as ort
+
+    from backends.onnx_graph import tensor_specs
+    from backends.vulkan import webgpu
+    from tests.backends.op_cases import case_inputs
+
+    model, feeds = case_inputs("conv_groups2")  # 6 -> 10 channels in 2 groups
+    assert not vk_backend.supports(model.graph.node[0], tensor_specs(model))
+    raw = ort.InferenceSession(model.SerializeToString(), webgpu.session_options(1, False)).run(None, feeds)[0]
+    want = _ort_cpu(model, feeds)["y"]
+    assert float(np.max(np.abs(raw - want))) > 1e-2  # the EP's own result is wrong

@@ -1,8 +1,16 @@
-"""Vulkan test fixtures: one backend per session (one canary, one Mesa shader cache: see tests/conftest.py)."""
+"""Backend test fixtures: one backend per kind and session (one OpenCL context, one Vulkan canary)."""
 
 from __future__ import annotations
 
 import pytest
+
+
+@pytest.fixture(scope="session")
+def ocl_backend():
+    """A backend without disk caches or tuning: what most op tests need, fast."""
+    from backends.opencl import OpenCLBackend
+
+    return OpenCLBackend(cache_dir=None, tune=False)
 
 
 @pytest.fixture(scope="session")
