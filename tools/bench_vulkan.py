@@ -64,7 +64,9 @@ def _measure(backend: str, model: Path, runs: int, cache: Path, shapes: dict) ->
                            "--shapes", json.dumps(shapes)],
                           capture_output=True, text=True, env=env, timeout=900, check=False)
     if done.returncode != 0:
-        sys.stderr.write(f"{backend} on {model.name} failed: {done.stderr.strip().splitlines()[-1:]}\n")
+        lines = done.stderr.strip().splitlines()
+        errors = [line for line in lines if "Error" in line] or lines[-1:]  # LiteRT logs INFO lines last
+        sys.stderr.write(f"{backend} on {model.name} failed (exit {done.returncode}): {errors[-1:]}\n")
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -93,6 +95,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="1 round of 10 runs")
+    parser.add_argument("--only", action="append", default=[], help="measure only this model (repeatable)")
     parser.add_argument("--plot", type=Path, default=Path("bench_vulkan.png"))
     parser.add_argument("--child", nargs=2, metavar=("BACKEND", "MODEL"), help=argparse.SUPPRESS)
     parser.add_argument("--shapes", default="{}", help=argparse.SUPPRESS)
@@ -104,6 +107,8 @@ def main() -> int:
     results: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model, (path, backends, shapes) in _models(args.mediapipe, Path(tmp)).items():
+            if args.only and model not in args.only:
+                continue
             best: dict[str, dict[str, float]] = {}
             for r in range(rounds):
                 for backend in backends:

@@ -12,7 +12,7 @@ import os
 import platform
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from backends.errors import BackendError, BackendUnavailableError, ModelLoadErro
 from backends.vulkan.precision import DRIFT_SEED, drift_between
 
 
+FIRST_RUN_REBUILDS = 2
 _environment: list[Any] = []
 _environment_lock = threading.Lock()
 
@@ -59,11 +60,13 @@ def compile_tflite(path: Path, options: CompileOptions, device: dict[str, Any]) 
         raise BackendUnavailableError(f"vulkan: .tflite needs ai-edge-litert with CompiledModel: {exc}") from exc
     fp16 = options.precision == "fp16"
     gpu = Options(hardware_accelerators=HardwareAccelerator.GPU, gpu_options=GpuOptions(enforce_f32=not fp16))
-    try:
-        compiled = CompiledModel.from_file(str(path), environment=_shared_environment(), options=gpu)
-    except Exception as exc:  # LiteRT raises RuntimeError/ValueError from its C++ status
-        raise ModelLoadError(f"vulkan: LiteRT GPU accelerator cannot compile {path}: {exc}") from exc
-    executable = LiteRtGpuExecutable(compiled, path, device, options.precision)
+    def build() -> Any:
+        try:
+            return CompiledModel.from_file(str(path), environment=_shared_environment(), options=gpu)
+        except Exception as exc:  # LiteRT raises RuntimeError/ValueError from its C++ status
+            raise ModelLoadError(f"vulkan: LiteRT GPU accelerator cannot compile {path}: {exc}") from exc
+
+    executable = LiteRtGpuExecutable(build, path, device, options.precision)
     if fp16:
         executable.drift = _tflite_drift(path, executable)
     return executable
@@ -74,8 +77,9 @@ class LiteRtGpuExecutable:
 
     thread_safe = False
 
-    def __init__(self, compiled: Any, path: Path, device: dict[str, Any], precision: str) -> None:
-        self._compiled = compiled
+    def __init__(self, build: Callable[[], Any], path: Path, device: dict[str, Any], precision: str) -> None:
+        self._build = build
+        compiled = self._compiled = build()
         self._signature = next(iter(compiled.get_signature_list()))
         details_in = compiled.get_input_tensor_details(self._signature)
         details_out = compiled.get_output_tensor_details(self._signature)
@@ -89,10 +93,30 @@ class LiteRtGpuExecutable:
         self.drift: dict[str, Any] | None = None
         self._device = device
         self._precision = precision
+        self._has_run = False
+        self.rebuilds = 0
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._compiled is None:
             raise BackendError("vulkan: executable is closed")
+        for attempt in range(FIRST_RUN_REBUILDS + 1):
+            try:
+                outputs = self._run_once(feeds)
+                self._has_run = True
+                return outputs
+            except BackendError as exc:
+                # NOTE: LiteRT waits at most 120 s for the first run's buffers; a cold shader compile on
+                # a loaded software device takes longer and leaves the model unusable. The compile goes
+                # on into Mesa's cache, so a rebuilt model's first run is then fast.
+                if self._has_run or "lock" not in str(exc) or attempt == FIRST_RUN_REBUILDS:
+                    raise
+                self._compiled = self._build()
+                self._in_buffers = self._compiled.create_input_buffers(0)
+                self._out_buffers = self._compiled.create_output_buffers(0)
+                self.rebuilds += 1
+        raise AssertionError("unreachable: the last attempt raises or returns")
+
+    def _run_once(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             for spec, buffer in zip(self.inputs, self._in_buffers):
                 buffer.write(np.ascontiguousarray(feeds[spec.name], dtype=spec.dtype))
@@ -104,7 +128,7 @@ class LiteRtGpuExecutable:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "vulkan", "engine": "LiteRT CompiledModel, GPU accelerator (WebGPU/Dawn, Vulkan)",
-                **self._device, "fully_accelerated": self.fully_accelerated,
+                **self._device, "fully_accelerated": self.fully_accelerated, "first_run_rebuilds": self.rebuilds,
                 "precision": {"mode": self._precision, **({"drift": self.drift} if self.drift else {})}}
 
     def close(self) -> None:
