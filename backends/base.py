@@ -11,6 +11,11 @@ Required::
     supports(node, shapes) -> bool        can this ONNX node run here?
     compile(model, options) -> Executable whole model or extracted subgraph
 
+Optional (``Backend``)::
+
+    claims(model, shapes) -> frozenset[int]   (optional) default: supports() per node
+                                    (the whole-graph answer, where the engine places a graph at once)
+
 Optional (``Executable``)::
 
     backend_nodes: dict[str, int]   (optional) default: {backend name: node count}
@@ -168,6 +173,14 @@ class Backend(Protocol):
     def compile(self, model: ModelSource, options: CompileOptions) -> Executable:
         """Compile a model; raises UnsupportedNodesError, ModelLoadError or BackendError."""
         ...
+
+
+def claimed_indices(backend: Backend, model: "onnx.ModelProto", shapes: Mapping[str, TensorSpec]) -> frozenset[int]:
+    """Indices of ``model``'s nodes that ``backend`` takes: its optional ``claims``, else ``supports`` per node."""
+    claims = getattr(backend, "claims", None)
+    if callable(claims):
+        return frozenset(claims(model, shapes))
+    return frozenset(i for i, node in enumerate(model.graph.node) if backend.supports(node, shapes))
 
 
 def backend_nodes_of(executable: Executable, default_backend: str, node_count: int) -> dict[str, int]:

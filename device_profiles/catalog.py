@@ -70,8 +70,8 @@ class ProfileMatch:
 
     ``backend_order`` is the entry's order filtered for this device: it always
     contains "cpu" (the fallback that is always there); "opencl"/"vulkan" are
-    dropped when the probe found no such device at all (a software device such
-    as PoCL or lavapipe keeps them). ``hints`` is the rest of the TOML
+    dropped when the probe found no such device at all (PoCL keeps "opencl");
+    "vulkan" is also dropped when its only devices are software ones (lavapipe). ``hints`` is the rest of the TOML
     (delegate, thresholds, …); ``hints["delegate"]["present"]`` says whether the
     probe found the delegate library.
     """
@@ -187,6 +187,11 @@ def _effective_order(entry: CatalogEntry, profile: dict, facts: dict) -> tuple[t
         if backend in order and not facts[fact]:
             order.remove(backend)
             notes.append(f"{backend} dropped: the probe found no {backend} device")
+    if "vulkan" in order and not facts["has_vulkan_gpu"]:
+        # NOTE: a software Vulkan device (lavapipe, SwiftShader) runs 20-45x slower than the CPU
+        # itself: never chosen automatically, only when asked for by name.
+        order.remove("vulkan")
+        notes.append("vulkan dropped: only software Vulkan devices (used only when asked for by name)")
     hints = copy.deepcopy(entry.hints)
     delegate = hints.get("delegate")
     if delegate:

@@ -19,6 +19,7 @@ BACKENDS: dict[str, str] = {
     "cpu": "backends.cpu:CPUBackend",
     "opencl": "backends.opencl:OpenCLBackend",
     "tflite": "backends.tflite:TFLiteBackend",
+    "vulkan": "backends.vulkan:VulkanBackend",
     "null": "backends.null:NullBackend",
 }
 

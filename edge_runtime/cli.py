@@ -193,6 +193,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "outputs": {name: {"shape": list(a.shape), "dtype": a.dtype.name} for name, a in outputs.items()},
         "load": model.describe(),
     }
+    # fp32 unless configured (runtime.precision / EDGE_RUNTIME_PRECISION); a backend that ran fp16
+    # reports the drift it measured against fp32 on the CPU.
+    result["precision"] = result["load"]["executable"].get("precision") or {"mode": options.precision}
     if args.json:
         _print_json(result)
     else:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from backends.base import Availability, Backend, CompileOptions, backend_nodes_of
+from backends.base import Availability, Backend, CompileOptions, backend_nodes_of, claimed_indices
 from backends.descriptors import DESCRIPTORS, descriptor
 from edge_runtime import backend_table
 from edge_runtime.config import RuntimeConfig, runtime_config
@@ -241,7 +241,8 @@ class Runtime:
             if backend_obj is None or not availability.ok:
                 tried.append((candidate, availability.reason))
                 continue
-            unclaimed = [n for n in proto.graph.node if not backend_obj.supports(n, specs)]
+            claimed = claimed_indices(backend_obj, proto, specs)
+            unclaimed = [n for i, n in enumerate(proto.graph.node) if i not in claimed]
             if unclaimed:
                 tried.append((candidate, f"cannot take {len(unclaimed)} node(s), e.g. {unclaimed[0].op_type}"))
                 continue
@@ -263,8 +264,8 @@ class Runtime:
             from backends.onnx_graph import node_label, tensor_specs
 
             specs = tensor_specs(source)
-            unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node)
-                         if not backend_obj.supports(n, specs)]
+            claimed = claimed_indices(backend_obj, source, specs)
+            unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node) if i not in claimed]
             if unclaimed:
                 raise UnsupportedNodesError(backend_name, unclaimed)
         executable = backend_obj.compile(source, options)

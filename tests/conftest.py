@@ -51,10 +51,29 @@ def _litert_reason() -> str | None:
     return "neither ai_edge_litert nor tflite_runtime is installed"
 
 
-_HARDWARE = {"requires_opencl": _opencl_reason, "requires_litert": _litert_reason}
+@functools.lru_cache(maxsize=None)
+def _vulkan_reason() -> str | None:
+    try:
+        import onnxruntime_ep_webgpu  # noqa: F401
+    except ImportError as exc:
+        return f"onnxruntime-ep-webgpu not installed ({exc})"
+    from device_profiles.vulkan_loader import query_devices
+
+    devices, note = query_devices()
+    if devices is None:
+        return note
+    return None if devices else "the Vulkan loader lists no device (install mesa-vulkan-drivers >= 25)"
+
+
+_HARDWARE = {"requires_opencl": _opencl_reason, "requires_litert": _litert_reason, "requires_vulkan": _vulkan_reason}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # One Mesa shader cache for the whole session (set before any Vulkan driver loads): the
+    # first compile of a model's shaders takes 15-30 s on lavapipe, a cached one ~0.1 s.
+    shaders = os.environ.get("EDGE_RUNTIME_TEST_VULKAN_CACHE") or str(Path(
+        os.environ.get("TMPDIR", "/tmp")) / f"edge-runtime-test-shaders-{os.getuid()}")
+    os.environ.setdefault("MESA_SHADER_CACHE_DIR", shaders)
     for marker in _HARDWARE:
         config.addinivalue_line("markers", f"{marker}: needs that runtime; fails instead of skipping under CI=true")
 
