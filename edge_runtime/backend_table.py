@@ -18,11 +18,13 @@ BACKENDS: dict[str, str] = {
     "cpu": "backends.cpu:CPUBackend",
     "opencl": "backends.opencl:OpenCLBackend",
     "tflite": "backends.tflite:TFLiteBackend",
+    "ncnn": "backends.ncnn:NcnnBackend",
+    "ncnn_vulkan": "backends.ncnn:NcnnVulkanBackend",
     "null": "backends.null:NullBackend",
 }
 
 # Backends a user can name on the command line; "null" is a test fake.
-USER_BACKENDS = ("cpu", "opencl", "tflite")
+USER_BACKENDS = ("cpu", "opencl", "tflite", "ncnn", "ncnn_vulkan")
 
 
 def construct(name: str, cache_dir: Path | None) -> tuple[Backend | None, Availability]:
