@@ -35,7 +35,7 @@ from device_profiles.rules import check, profile_facts, rule_error
 log = logging.getLogger(__name__)
 
 PACKAGED_CATALOG = Path(__file__).resolve().parent / "catalog"
-KNOWN_BACKENDS = ("cpu", "opencl", "vulkan", "tflite")
+KNOWN_BACKENDS = ("cpu", "opencl", "vulkan", "tflite", "ncnn", "ncnn_vulkan")
 _RESERVED = ("description", "priority", "match", "backends")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TFLITE_SUFFIXES = (".tflite", ".lite")
-# Backends that are not accelerators for ONNX plans: the host itself, and TFLite (its own format).
-_NOT_ACCELERATORS = frozenset({"cpu", "tflite", "null"})
+# Backends that are not accelerators for ONNX plans: the host itself, TFLite (its own format), and
+# ncnn, a second engine on the host cores that ``engine_choice`` races against cpu instead.
+_NOT_ACCELERATORS = frozenset({"cpu", "tflite", "null", "ncnn"})
 
 
 class Runtime:
@@ -72,7 +74,8 @@ class Runtime:
 
     def backend_order(self) -> list[str]:
         """The matched profile's backend order, then ``cpu`` if the profile left it out."""
-        order = [b for b in self.match.backend_order if b in backend_table.BACKENDS]
+        preferred = self.config.backend_order or self.match.backend_order
+        order = [b for b in preferred if b in backend_table.BACKENDS]
         return order if "cpu" in order else [*order, "cpu"]
 
     def _backend_entry(self, name: str) -> tuple[Backend | None, Availability]:
@@ -132,6 +135,19 @@ class Runtime:
             return self._compile(name, path, proto, backend, options, "requested", ())
         if plan is not None:
             return self._load_plan(name, path, proto, plan, options, input_shapes)
+        from edge_runtime.engine_choice import engine_for
+
+        choice = engine_for(self, proto, options, input_shapes)
+        if choice is not None and choice.backend != "cpu":
+            return self._compile(name, path, proto, choice.backend, options, choice.reason, ())
+        model = self._load_default(name, path, proto, options, input_shapes)
+        if choice is not None:  # say why the other CPU engines lost
+            lost = tuple((n, choice.reason) for n in choice.raced)
+            model.report = dataclasses.replace(model.report, tried=(*model.report.tried, *lost))
+        return model
+
+    def _load_default(self, name: str, path: Path, proto: Any, options: CompileOptions,
+                      input_shapes: Mapping[str, Sequence[int]] | None) -> Model:
         if self.accelerator() is not None:
             try:
                 return self._load_plan(name, path, proto, "auto", options, input_shapes)
@@ -204,8 +220,8 @@ class Runtime:
         specs = tensor_specs(proto)
         tried: list[tuple[str, str]] = []
         for candidate in self.backend_order():
-            if candidate == "tflite":
-                continue  # ONNX models do not run on the TFLite backend
+            if candidate in ("tflite", "ncnn"):
+                continue  # ONNX models do not run on TFLite; ncnn is raced against cpu (engine_choice)
             backend_obj, availability = self._backend_entry(candidate)
             if backend_obj is None or not availability.ok:
                 tried.append((candidate, availability.reason))

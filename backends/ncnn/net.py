@@ -28,11 +28,12 @@ _BIG_CORES = 2  # ncnn.set_cpu_powersave: 0 all cores, 1 little, 2 big
 
 @dataclass(frozen=True)
 class NetOptions:
-    """How to run: threads, precision (``fp32``/``fp16``), Vulkan device index (None: CPU)."""
+    """How to run: threads, precision (``fp32``/``fp16``), Vulkan device index (None: CPU), spinning."""
 
     threads: int
     precision: str = "fp32"
     vulkan_device: int | None = None
+    spin: bool = True  # OpenMP threads busy-wait between layers (ncnn's default); off when cores are shared
 
 
 def cpu_threads(requested: int | None) -> int:
@@ -64,6 +65,8 @@ def load_net(param: Path, weights: Path, options: NetOptions) -> "ncnn.Net":
     opt.use_fp16_storage = opt.use_fp16_packed = opt.use_fp16_arithmetic = fp16
     opt.use_bf16_storage = False
     opt.num_threads = options.threads
+    if not options.spin:
+        opt.openmp_blocktime = 0  # NOTE: spinning OpenMP threads starve everything else on 2-4 shared cores
     if options.vulkan_device is not None:
         opt.use_vulkan_compute = True
         net.set_vulkan_device(options.vulkan_device)
