@@ -1,8 +1,10 @@
 """Suite-wide fixtures and hardware markers.
 
-``requires_opencl`` / ``requires_litert`` / ``requires_vulkan`` skip where the
-device has no such thing — except under ``CI=true``, where CI installs PoCL,
-lavapipe and LiteRT, and a missing one must fail the suite, not skip it.
+``requires_opencl`` / ``requires_litert`` / ``requires_vulkan`` /
+``requires_ncnn`` (ncnn + pnnx) / ``requires_ncnn_vulkan`` (ncnn sees a Vulkan
+device) skip where the device has no such thing — except under ``CI=true``,
+where CI installs PoCL, lavapipe, LiteRT, ncnn and pnnx, and a missing one
+must fail the suite, not skip it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,29 @@ def _litert_reason() -> str | None:
     return "neither ai_edge_litert nor tflite_runtime is installed"
 
 
-_HARDWARE = {"requires_opencl": _opencl_reason, "requires_litert": _litert_reason}
+@functools.lru_cache(maxsize=None)
+def _ncnn_reason() -> str | None:
+    try:
+        import ncnn  # noqa: F401
+    except ImportError as exc:
+        return f"ncnn not installed ({exc})"
+    from backends.ncnn.convert import pnnx_binary
+
+    return None if pnnx_binary() is not None else "pnnx not installed (pip install --no-deps pnnx)"
+
+
+@functools.lru_cache(maxsize=None)
+def _ncnn_vulkan_reason() -> str | None:
+    reason = _ncnn_reason()
+    if reason is not None:
+        return reason
+    from backends.ncnn.backend import vulkan_device_index
+
+    return None if vulkan_device_index() is not None else "ncnn sees no Vulkan device (lavapipe not installed?)"
+
+
+_HARDWARE = {"requires_opencl": _opencl_reason, "requires_litert": _litert_reason,
+             "requires_ncnn": _ncnn_reason, "requires_ncnn_vulkan": _ncnn_vulkan_reason}
 
 
 def pytest_configure(config: pytest.Config) -> None:

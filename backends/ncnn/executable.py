@@ -77,7 +77,11 @@ class NcnnExecutable:
                 samples = gate.seeded_samples(shapes)
                 want = self.reference().run([o.name for o in self.outputs],
                                             {spec.name: x for spec, x in zip(self.inputs, samples)})
-                got = run_sample(net, [x[0] for x in samples], len(self.outputs))
+                try:
+                    got = run_sample(net, [x[0] for x in samples], len(self.outputs))
+                except BackendError as exc:
+                    raise gate.ConversionRefusedError(f"ncnn: converted model refused for input shape {shapes}: "
+                                                      f"it fails on the seeded input: {exc}") from exc
                 got = [g.reshape(w.shape) if g.size == w.size else g for g, w in zip(got, want)]
                 result = gate.check([o.name for o in self.outputs], got, want, self.options.precision,
                                     f"input shape {shapes}")

@@ -58,7 +58,10 @@ def check(names: Sequence[str], got: Sequence[np.ndarray], want: Sequence[np.nda
     errors = {name: output_error(g, w) for name, g, w in zip(names, got, want)}
     bad = {name: e for name, e in errors.items() if not e <= tolerance}
     if bad:
-        shown = ", ".join(f"{name}: {e:.3g}" for name, e in bad.items())
+        shapes = {name: (g.shape, w.shape) for name, g, w in zip(names, got, want)}
+        shown = ", ".join(f"{name}: {e:.3g}" if shapes[name][0] == shapes[name][1]
+                          else f"{name}: shape {shapes[name][0]} vs onnxruntime's {shapes[name][1]}"
+                          for name, e in bad.items())
         raise ConversionRefusedError(
             f"ncnn: converted model refused for {where}: outputs differ from onnxruntime beyond "
             f"{tolerance:g} ({precision}): {shown}")
