@@ -15,9 +15,11 @@ import pytest
 
 from edge_runtime.model_zoo import build_mlp, build_mobilenet, build_transformer
 from ncnn_helpers import assert_close, ort_outputs
-from test_real_models import OCR
+from ocr_models import ocr_models
 
 pytestmark = pytest.mark.requires_ncnn
+
+OCR = ocr_models()
 
 # Two shapes of one kind exercise two shape buckets of one loaded model.
 OCR_CASES = [("cls", [(3, 3, 48, 192)]), ("det", [(1, 3, 96, 160), (1, 3, 64, 64)]),
