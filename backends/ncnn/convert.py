@@ -15,6 +15,7 @@ the bundled binary does not).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -74,13 +75,24 @@ def pnnx_binary() -> Path | None:
 
 
 def pnnx_version() -> str | None:
-    """The installed pnnx wheel's version (the binary prints none), or None."""
+    """The installed pnnx wheel's version, else a digest of the pnnx binary on PATH, else None."""
     from importlib import metadata
 
     try:
         return metadata.version("pnnx")
     except metadata.PackageNotFoundError:
-        return "path" if shutil.which("pnnx") else None
+        found = shutil.which("pnnx")
+        return _binary_digest(found) if found else None
+
+
+@functools.lru_cache(maxsize=8)
+def _binary_digest(path: str) -> str:
+    """A binary outside a wheel has no version to ask; its bytes identify it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"binary-{digest.hexdigest()[:12]}"
 
 
 def conversion_key(model_bytes: bytes, shapes: Sequence[Sequence[int]], precision: str) -> str:

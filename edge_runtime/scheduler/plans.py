@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 # Backends whose work lands on a GPU; the rest of the backends run on the CPU cores.
-GPU_BACKENDS = frozenset({"opencl", "vulkan", "gpu"})
+GPU_BACKENDS = frozenset({"opencl", "vulkan", "gpu", "ncnn_vulkan"})
 CLOUD_BACKENDS = frozenset({"cloud"})
 PLAN_KINDS = ("cpu", "gpu", "hybrid")
 
