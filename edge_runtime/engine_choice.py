@@ -4,7 +4,7 @@ Both run on the same cores, so the roofline cost model cannot tell them
 apart: their speed ratio depends on the model's layers (ncnn is ahead on
 MobileNet-style CNNs, ORT on others). So the choice is measured, per model
 and input size: both executables run the seeded input in interleaved
-rounds (best of each side), and the faster one wins. The decision is
+rounds (best of each side), and the faster one (median of the rounds' bests) wins. The decision is
 remembered in ``cache_dir/engine_choice.json`` keyed on the model bytes, the
 input shapes, the device key and both engines' versions, so it is measured
 once per device. The scheduler then keeps learning: a model loaded on
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "engine_choice.json"
-ROUNDS = 5
+ROUNDS = 7
 RUNS_PER_ROUND = 3
-BUDGET_S = 3.0
+BUDGET_S = 4.0
 _FORMAT = 1
 
 
@@ -98,18 +99,24 @@ def choose_engine(model: "onnx.ModelProto", engines: Mapping[str, Backend], opti
 
 
 def _race(runners: Mapping[str, Callable[[], object]]) -> dict[str, float]:
-    """Best wall ms per runner over interleaved rounds (the least-disturbed sample of each)."""
-    best = {name: float("inf") for name in runners}
+    """Median over interleaved rounds of each runner's best-of-three wall ms.
+
+    Best of three drops a run disturbed by the other engine's threads winding
+    down; the median over rounds drops rounds hit by other processes.
+    """
+    bests: dict[str, list[float]] = {name: [] for name in runners}
     deadline = time.perf_counter() + BUDGET_S
     for round_index in range(ROUNDS):
         for name, call in runners.items():
+            best = float("inf")
             for _ in range(RUNS_PER_ROUND):
                 start = time.perf_counter()
                 call()
-                best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
-        if round_index >= 1 and time.perf_counter() > deadline:
+                best = min(best, (time.perf_counter() - start) * 1e3)
+            bests[name].append(best)
+        if round_index >= 2 and time.perf_counter() > deadline:
             break
-    return {name: round(ms, 4) for name, ms in best.items()}
+    return {name: round(statistics.median(values), 4) for name, values in bests.items()}
 
 
 def _seeded_feeds(model: "onnx.ModelProto", shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:

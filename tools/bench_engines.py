@@ -111,7 +111,8 @@ def bench_model(name: str, path: Path, shape: tuple[int, ...], threads: int, rou
     fastest = min(choices, key=choices.get)
     row: dict[str, Any] = {
         "model": name, "input_shape": list(shape), "threads": threads, "rounds": rounds,
-        "best_ms": best, "median_ms": median, "auto_backend": auto.backend, "auto_load_s": round(auto_load_s, 2),
+        "best_ms": best, "median_ms": median, "auto_backend": auto.backend, "auto_reason": auto.report.reason,
+        "auto_tried": dict(auto.report.tried), "auto_load_s": round(auto_load_s, 2),
         "fastest_choice": fastest, "auto_vs_fastest": round(median["auto"] / choices[fastest], 3),
         "auto_vs_plain_ort": round(median["auto"] / median["plain_ort"], 3),
         "skipped": skipped}
