@@ -1,4 +1,4 @@
-"""``edge-runtime`` command line: probe, demo, run, plan, split, convert, serve.
+"""``edge-runtime`` command line: probe, demo, run, serve.
 
 The spellings here are a contract other tools and checks rely on; see README.
 Each subcommand is a thin layer over the library and returns an exit code:
@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a model file and report latency and outputs")
     run.add_argument("model", type=Path, help="model file (.onnx or .tflite)")
-    run.add_argument("--backend", default="auto", help="auto (default), cpu, opencl, tflite, ncnn or ncnn_vulkan")
+    from edge_runtime.backend_table import USER_BACKENDS  # light: names and descriptors only
+
+    run.add_argument("--backend", default="auto", help=f"auto (default), {', '.join(USER_BACKENDS)}")
     run.add_argument("--input", action="append", default=[], type=_key_value, metavar="NAME=FILE.npy",
                      help="feed input NAME from a .npy file (repeatable); seeded random otherwise")
     run.add_argument("--output", type=Path, help="write the outputs to this .npz file")
@@ -73,12 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_split_arguments(split)
     split.set_defaults(handler=_cmd_split)
-
-    convert = sub.add_parser("convert", help="convert an ONNX model for ncnn (pnnx) into the cache, gated")
-    from edge_runtime.convert_command import add_convert_arguments  # argparse only: cheap to import
-
-    add_convert_arguments(convert)
-    convert.set_defaults(handler=_cmd_convert)
 
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
@@ -229,9 +225,3 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from edge_runtime.cloud.command import run_split
 
     return run_split(args)
-
-
-def _cmd_convert(args: argparse.Namespace) -> int:
-    from edge_runtime.convert_command import run_convert
-
-    return run_convert(args)

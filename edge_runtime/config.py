@@ -53,6 +53,12 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16"):
             raise ConfigError(f"runtime.precision must be 'fp32' or 'fp16', got {self.precision!r}")
+        from backends.descriptors import DESCRIPTORS
+
+        unknown = [b for b in self.backend_order if b not in DESCRIPTORS or not DESCRIPTORS[b].selectable]
+        if unknown:
+            selectable = sorted(n for n, d in DESCRIPTORS.items() if d.selectable)
+            raise ConfigError(f"runtime.backend_order names unknown backend(s) {unknown}; known: {selectable}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"runtime.intra_op_threads must be >= 0, got {self.intra_op_threads}")
 

@@ -159,7 +159,8 @@ def engine_for(runtime: object, model: "onnx.ModelProto", options: CompileOption
     from backends.onnx_graph import graph_inputs, tensor_specs
     from edge_runtime.planning.cost import bound_input_shapes
 
-    candidates = [n for n in runtime.backend_order() if n in CPU_ENGINES]  # type: ignore[attr-defined]
+    raced = cpu_engines()
+    candidates = [n for n in runtime.backend_order() if n in raced]  # type: ignore[attr-defined]
     engines: dict[str, Backend] = {}
     specs = None
     for name in candidates:
@@ -176,5 +177,10 @@ def engine_for(runtime: object, model: "onnx.ModelProto", options: CompileOption
                          shapes, runtime.device_key(), runtime.config.cache_dir)  # type: ignore[attr-defined]
 
 
-CPU_ENGINES = ("ncnn",)
-"""Backends besides ``cpu`` that run on the host cores and are raced against it under ``auto``."""
+def cpu_engines() -> frozenset[str]:
+    """Selectable ONNX backends besides ``cpu`` whose work lands on the host cores (``ncnn``),
+    read from the backend descriptors: these are raced against ``cpu`` under ``auto``."""
+    from backends.descriptors import DESCRIPTORS
+
+    return frozenset(n for n, d in DESCRIPTORS.items()
+                     if n != "cpu" and d.device == "cpu" and d.selectable and d.takes("onnx"))
