@@ -60,3 +60,12 @@ def test_auto_without_ncnn_in_the_order_does_not_race(make_runtime, tmp_path) ->
     onnx.save(conv_model(), str(path))
     model = make_runtime(("cpu",)).load(path)
     assert model.backend == "cpu" and "ncnn" not in dict(model.report.tried)
+
+
+def test_backend_order_override_is_typed_and_checked() -> None:
+    from edge_runtime.config import runtime_config
+    from edge_runtime.errors import ConfigError
+
+    assert runtime_config(env={"EDGE_RUNTIME_BACKENDS": "ncnn, cpu"}).backend_order == ("ncnn", "cpu")
+    with pytest.raises(ConfigError, match=r"unknown backend\(s\) \['npu'\]"):
+        runtime_config({"backend_order": ["npu", "cpu"]}, env={})
