@@ -33,7 +33,8 @@ class NetOptions:
     threads: int
     precision: str = "fp32"
     vulkan_device: int | None = None
-    spin: bool = True  # OpenMP threads busy-wait between layers (ncnn's default); off when cores are shared
+    # OpenMP threads busy-waiting between layers (ncnn's default, 20 ms). Off by default: see load_net.
+    spin: bool = False
 
 
 def cpu_threads(requested: int | None) -> int:
@@ -66,7 +67,10 @@ def load_net(param: Path, weights: Path, options: NetOptions) -> "ncnn.Net":
     opt.use_bf16_storage = False
     opt.num_threads = options.threads
     if not options.spin:
-        opt.openmp_blocktime = 0  # NOTE: spinning OpenMP threads starve everything else on 2-4 shared cores
+        # NOTE: on shared cores (a 2-vCPU cloud phone, a busy box) a spinning thread that gets
+        # descheduled stalls every layer's barrier: measured here, PP-OCR rec took 2-4x longer with
+        # spinning under contention, and the same time without contention (cls 1.40 vs 1.43 ms).
+        opt.openmp_blocktime = 0
     if options.vulkan_device is not None:
         opt.use_vulkan_compute = True
         net.set_vulkan_device(options.vulkan_device)
