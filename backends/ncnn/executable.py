@@ -6,13 +6,15 @@ wrong, or crashes, at width 96), so each distinct per-sample input shape gets
 its own conversion (cached on disk, see ``convert``) and its own gate run.
 A shape whose conversion fails or is refused by the gate runs on ONNX
 Runtime instead, logged once and reported in ``describe()["on_onnxruntime"]``:
-never served wrong, never silent.
+never served wrong, never silent. At most ``MAX_LOADED_BUCKETS`` nets stay
+in memory (least recently used dropped; their conversions stay on disk).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_LOADED_BUCKETS = 16
 ShapeKey = tuple[tuple[int, ...], ...]  # per-sample shape of every input (batch axis dropped)
 
 
@@ -56,7 +59,7 @@ class NcnnExecutable:
         self.options = options
         self._model_bytes = model_bytes
         self._cache_dir = cache_dir
-        self._buckets: dict[ShapeKey, Bucket] = {}
+        self._buckets: OrderedDict[ShapeKey, Bucket] = OrderedDict()
         self._refused: dict[ShapeKey, str] = {}
         self._reference: onnxruntime.InferenceSession | None = None
         self._lock = threading.Lock()
@@ -92,6 +95,10 @@ class NcnnExecutable:
             bucket = Bucket(net, tuple(tuple(s[1:]) for s in result.output_shapes), result,
                             conversion.converted_now, conversion.folder)
             self._buckets[key] = bucket
+            while len(self._buckets) > MAX_LOADED_BUCKETS:
+                dropped, _ = self._buckets.popitem(last=False)
+                log.info("ncnn: %s unloads the net for %s (more than %d shapes in use)", self.backend, dropped,
+                         MAX_LOADED_BUCKETS)
             return bucket
 
     def reference(self) -> "onnxruntime.InferenceSession":
@@ -130,8 +137,14 @@ class NcnnExecutable:
 
     def _bucket(self, key: ShapeKey) -> Bucket | None:
         bucket = self._buckets.get(key)
-        if bucket is not None or key in self._refused:
+        if bucket is not None:
+            try:
+                self._buckets.move_to_end(key)
+            except KeyError:  # unloaded by another thread meanwhile; this call keeps its reference
+                pass
             return bucket
+        if key in self._refused:
+            return None
         try:
             return self.prepare(key)
         except (ModelLoadError, BackendUnavailableError) as exc:

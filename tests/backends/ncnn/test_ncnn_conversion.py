@@ -110,3 +110,17 @@ def test_convert_command_converts_into_the_cache_and_reports_the_gate(tmp_path, 
     assert "already in the cache" in capsys.readouterr().out
     assert main(["convert", str(path), "--shape", "nope=1,2"]) == 2
     assert "unknown input" in capsys.readouterr().err
+
+
+def test_least_recently_used_nets_are_unloaded_and_reload_from_disk(options, monkeypatch) -> None:
+    from backends.ncnn import executable as executable_module
+
+    monkeypatch.setattr(executable_module, "MAX_LOADED_BUCKETS", 1)
+    proto = conv_model(seed=6, dynamic=True)
+    executable = NcnnBackend().compile(proto, options)
+    rng = np.random.default_rng(7)
+    for shape in ((1, 4, 8, 8), (1, 4, 12, 8), (1, 4, 8, 8)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert_close(executable.run({"x": x})["y"], ort_outputs(proto, {"x": x})[0])
+    (loaded,) = executable.describe()["buckets"]
+    assert loaded["input_shapes"] == [[4, 8, 8]] and not loaded["converted_now"]  # reloaded from the cache
