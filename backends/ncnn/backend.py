@@ -77,7 +77,7 @@ class NcnnBackend:
             raise BackendUnavailableError(f"{self.name}: ncnn takes float32 inputs with a batch axis; "
                                           f"got {not_float or [s.to_dict() for s in inputs]}")
         net_options = NetOptions(cpu_threads(options.intra_op_threads), options.precision,
-                                 vulkan_device_index() if self.vulkan else None)
+                                 vulkan_device_index() if self.vulkan else None, options.allow_spinning)
         cache_dir = options.cache_dir or self._cache_dir
         if cache_dir is None:  # conversion needs a disk folder even when caching is off
             cache_dir = Path(tempfile.mkdtemp(prefix="edge-runtime-ncnn-"))

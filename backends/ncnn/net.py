@@ -33,8 +33,9 @@ class NetOptions:
     threads: int
     precision: str = "fp32"
     vulkan_device: int | None = None
-    # OpenMP threads busy-waiting between layers (ncnn's default, 20 ms). Off by default: see load_net.
-    spin: bool = False
+    # OpenMP threads busy-wait between layers (ncnn's default, 20 ms); off where ONNX Runtime's
+    # threads do not spin either (CompileOptions.allow_spinning: the scheduler's cpu worker).
+    spin: bool = True
 
 
 def cpu_threads(requested: int | None) -> int:
@@ -67,9 +68,9 @@ def load_net(param: Path, weights: Path, options: NetOptions) -> "ncnn.Net":
     opt.use_bf16_storage = False
     opt.num_threads = options.threads
     if not options.spin:
-        # NOTE: on shared cores (a 2-vCPU cloud phone, a busy box) a spinning thread that gets
-        # descheduled stalls every layer's barrier: measured here, PP-OCR rec took 2-4x longer with
-        # spinning under contention, and the same time without contention (cls 1.40 vs 1.43 ms).
+        # NOTE: both engines must agree. Sleeping ncnn threads beside spinning ORT threads wait for
+        # the spinners' time slices (measured: the MLP 0.19 -> 72 ms); spinning ncnn threads beside
+        # other load stall every layer barrier (PP-OCR rec 2-4x slower).
         opt.openmp_blocktime = 0
     if options.vulkan_device is not None:
         opt.use_vulkan_compute = True
