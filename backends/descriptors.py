@@ -16,8 +16,10 @@ OPENCL = BackendDescriptor("opencl", device="gpu", api="opencl", formats=("onnx"
 VULKAN = BackendDescriptor("vulkan", device="gpu", api="vulkan", formats=("onnx", "tflite"))
 # LiteRT's interpreter runs on the CPU (XNNPACK); an executable on a GPU delegate reports device "gpu".
 TFLITE = BackendDescriptor("tflite", device="cpu", api="litert", formats=("tflite",))
-# A second CPU engine for CNNs (models converted by pnnx); its Vulkan path reports device "gpu".
-NCNN = BackendDescriptor("ncnn", device="cpu", api="ncnn", formats=("onnx",))
+# A second CPU engine for CNNs (models converted by pnnx); extractors of one net run concurrently.
+NCNN = BackendDescriptor("ncnn", device="cpu", api="ncnn", formats=("onnx",), thread_safe=True)
+# ncnn's Vulkan path (use_vulkan_compute): one call at a time per executable.
+NCNN_VULKAN = BackendDescriptor("ncnn_vulkan", device="gpu", api="vulkan", formats=("onnx",))
 NULL = BackendDescriptor("null", device="cpu", api="none", formats=("onnx", "tflite"), thread_safe=True,
                          selectable=False)
 # Stage labels that are not local backends: a remote KServe v2 / OpenAI peer, and the name of
@@ -26,7 +28,8 @@ CLOUD = BackendDescriptor("cloud", device="cloud", api="kserve-v2", formats=("on
                           selectable=False)
 GPU = BackendDescriptor("gpu", device="gpu", api="none", formats=("onnx",), selectable=False)
 
-DESCRIPTORS: dict[str, BackendDescriptor] = {d.name: d for d in (CPU, OPENCL, VULKAN, TFLITE, NCNN, NULL, CLOUD, GPU)}
+DESCRIPTORS: dict[str, BackendDescriptor] = {d.name: d for d in (CPU, OPENCL, VULKAN, TFLITE, NCNN, NCNN_VULKAN, NULL,
+                                                                  CLOUD, GPU)}
 
 
 def descriptor(name: str) -> BackendDescriptor | None:

@@ -20,6 +20,8 @@ BACKENDS: dict[str, str] = {
     "opencl": "backends.opencl:OpenCLBackend",
     "tflite": "backends.tflite:TFLiteBackend",
     "vulkan": "backends.vulkan:VulkanBackend",
+    "ncnn": "backends.ncnn:NcnnBackend",
+    "ncnn_vulkan": "backends.ncnn:NcnnVulkanBackend",
     "null": "backends.null:NullBackend",
 }
 

@@ -1,4 +1,4 @@
-"""``edge-runtime`` command line: probe, demo, run, serve.
+"""``edge-runtime`` command line: probe, demo, run, plan, split, convert, serve.
 
 The spellings here are a contract other tools and checks rely on; see README.
 Each subcommand is a thin layer over the library and returns an exit code:
@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_generate_arguments(generate)
     generate.set_defaults(handler=_cmd_generate)
+    convert = sub.add_parser("convert", help="convert an ONNX model for ncnn (pnnx) into the cache, gated")
+    from edge_runtime.convert_command import add_convert_arguments  # argparse only: cheap to import
+
+    add_convert_arguments(convert)
+    convert.set_defaults(handler=_cmd_convert)
 
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
@@ -248,3 +253,9 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from edge_runtime.cloud.command import run_split
 
     return run_split(args)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from edge_runtime.convert_command import run_convert
+
+    return run_convert(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -84,7 +85,8 @@ class Runtime:
 
     def backend_order(self) -> list[str]:
         """The matched profile's backend order, then ``cpu`` if the profile left it out."""
-        order = [b for b in self.match.backend_order if b in backend_table.BACKENDS]
+        preferred = self.config.backend_order or self.match.backend_order
+        order = [b for b in preferred if b in backend_table.BACKENDS]
         return order if "cpu" in order else [*order, "cpu"]
 
     def _backend_entry(self, name: str) -> tuple[Backend | None, Availability]:
@@ -148,6 +150,19 @@ class Runtime:
             return self._compile(name, path, proto, backend, options, "requested", ())
         if plan is not None:
             return self._load_plan(name, path, proto, plan, options, input_shapes)
+        from edge_runtime.engine_choice import engine_for
+
+        choice = engine_for(self, proto, options, input_shapes)
+        if choice is not None and choice.backend != "cpu":
+            return self._compile(name, path, proto, choice.backend, options, choice.reason, ())
+        model = self._load_default(name, path, proto, options, input_shapes)
+        if choice is not None:  # say why the other CPU engines lost
+            lost = tuple((n, choice.reason) for n in choice.raced)
+            model.report = dataclasses.replace(model.report, tried=(*model.report.tried, *lost))
+        return model
+
+    def _load_default(self, name: str, path: Path, proto: Any, options: CompileOptions,
+                      input_shapes: Mapping[str, Sequence[int]] | None) -> Model:
         if self.accelerator() is not None:
             try:
                 return self._load_plan(name, path, proto, "auto", options, input_shapes)
@@ -231,12 +246,14 @@ class Runtime:
 
     def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
         from backends.onnx_graph import tensor_specs
+        from edge_runtime.engine_choice import cpu_engines
 
         specs = tensor_specs(proto)
+        raced = cpu_engines()
         tried: list[tuple[str, str]] = []
         for candidate in self.backend_order():
-            if not _takes(candidate, "onnx"):
-                continue  # e.g. the TFLite backend: .tflite files only
+            if not _takes(candidate, "onnx") or candidate in raced:
+                continue  # TFLite takes .tflite files only; ncnn was raced against cpu (engine_choice)
             backend_obj, availability = self._backend_entry(candidate)
             if backend_obj is None or not availability.ok:
                 tried.append((candidate, availability.reason))

@@ -1,8 +1,10 @@
 """Suite-wide fixtures and hardware markers.
 
-``requires_opencl`` / ``requires_litert`` / ``requires_vulkan`` skip where the
-device has no such thing — except under ``CI=true``, where CI installs PoCL,
-lavapipe and LiteRT, and a missing one must fail the suite, not skip it.
+``requires_opencl`` / ``requires_litert`` / ``requires_vulkan`` /
+``requires_ncnn`` (ncnn + pnnx) / ``requires_ncnn_vulkan`` (ncnn sees a Vulkan
+device) skip where the device has no such thing — except under ``CI=true``,
+where CI installs PoCL, lavapipe, LiteRT, ncnn and pnnx, and a missing one
+must fail the suite, not skip it.
 
 Under ``CI=true`` every other skip fails too (``pytest_runtest_makereport``),
 unless its test is on ``CI_SKIP_ALLOWLIST`` with the reason it may skip there.
@@ -65,7 +67,28 @@ def _vulkan_reason() -> str | None:
     return None if devices else "the Vulkan loader lists no device (install mesa-vulkan-drivers >= 25)"
 
 
-_HARDWARE = {"requires_opencl": _opencl_reason, "requires_litert": _litert_reason, "requires_vulkan": _vulkan_reason}
+def _ncnn_reason() -> str | None:
+    try:
+        import ncnn  # noqa: F401
+    except ImportError as exc:
+        return f"ncnn not installed ({exc})"
+    from backends.ncnn.convert import pnnx_binary
+
+    return None if pnnx_binary() is not None else "pnnx not installed (pip install --no-deps pnnx)"
+
+
+@functools.lru_cache(maxsize=None)
+def _ncnn_vulkan_reason() -> str | None:
+    reason = _ncnn_reason()
+    if reason is not None:
+        return reason
+    from backends.ncnn.backend import vulkan_device_index
+
+    return None if vulkan_device_index() is not None else "ncnn sees no Vulkan device (lavapipe not installed?)"
+
+
+_HARDWARE = {"requires_opencl": _opencl_reason, "requires_litert": _litert_reason, "requires_vulkan": _vulkan_reason,
+             "requires_ncnn": _ncnn_reason, "requires_ncnn_vulkan": _ncnn_vulkan_reason}
 
 
 def pytest_configure(config: pytest.Config) -> None:
