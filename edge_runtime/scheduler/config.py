@@ -96,7 +96,7 @@ class ModelConfig:
 
 _SECTIONS = {"scheduler": SchedulerConfig, "batching": BatchingConfig, "queue": QueueConfig}
 # Tables other features own and check themselves (kept in ``extra``); add a feature's table here.
-OTHER_SECTIONS = ("cloud", "serving")
+OTHER_SECTIONS = ("cloud", "serving", "generation")  # [generation]: edge_runtime.generation.settings
 
 
 def model_config(data: Mapping[str, Any] | None = None, where: str = "model config") -> ModelConfig:
