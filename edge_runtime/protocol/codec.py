@@ -13,6 +13,7 @@ expected versus received.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -23,7 +24,7 @@ from edge_runtime.errors import InvalidInputError
 from edge_runtime.protocol.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
 
 __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "check_outputs", "decode_request",
-           "encode_request", "encode_response", "feeds_for", "schedule_parameters", "wire_datatype", "wire_shape"]
+           "encode_request", "parse_json", "encode_response", "feeds_for", "schedule_parameters", "wire_datatype", "wire_shape"]
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,17 @@ def _split(body: bytes, header_length: int | None) -> tuple[Any, bytes]:
             raise InvalidInputError(
                 f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
         header_bytes, binary = body[:header_length], body[header_length:]
+    return parse_json(header_bytes), binary
+
+
+def parse_json(raw: bytes) -> Any:
+    """A JSON document from request bytes; InvalidInputError when malformed or nested too deep."""
     try:
-        return json.loads(header_bytes), binary
+        return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
+    except RecursionError:  # the stdlib parser recurses per nesting level
+        raise InvalidInputError("malformed JSON in the request: nested too deeply") from None
 
 
 def _tensor_header(item: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
@@ -194,7 +202,8 @@ def schedule_parameters(parameters: Mapping[str, Any], default_priority_level: i
     if not isinstance(level, int) or isinstance(level, bool) or level < 0:
         raise InvalidInputError(f"parameters.priority must be an integer >= 0, got {level!r}")
     timeout_us = parameters.get("timeout", 0)
-    if not isinstance(timeout_us, (int, float)) or isinstance(timeout_us, bool) or timeout_us < 0:
+    if (not isinstance(timeout_us, (int, float)) or isinstance(timeout_us, bool) or not timeout_us >= 0
+            or timeout_us == math.inf):  # NOTE: "not >= 0" also refuses NaN
         raise InvalidInputError(f"parameters.timeout must be microseconds >= 0, got {timeout_us!r}")
     return -(level or default_priority_level), (timeout_us / 1000.0 if timeout_us else None)
 

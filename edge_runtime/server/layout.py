@@ -26,10 +26,19 @@ def check_model_name(name: str) -> str:
     return name
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only, at most 18 of them: what ``int()`` turns into an int64 without surprise.
+
+    NOTE: ``str.isdigit`` also accepts '²' and other digits ``int()`` refuses, and ``int()``
+    refuses more than 4300 digits: both would be a 500 instead of a 400.
+    """
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+
+
 def parse_version(text: str) -> int:
     """A version from a URL; InvalidInputError unless a positive integer."""
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidInputError(f"invalid model version {text!r}: versions are positive integers")
+    if not is_decimal(text) or int(text) < 1:
+        raise InvalidInputError(f"invalid model version {text[:40]!r}: versions are positive integers")
     return int(text)
 
 

@@ -1,0 +1,142 @@
+"""Helpers of the reliability suite: a gated plan, a daemon process, error-body checks, MLP requests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+GATE = threading.Event()  # the ``gated`` model's plan runs only while this is set
+GATE.set()
+GATE_LIMIT_S = 60.0  # a gate never opened fails the run instead of hanging the suite
+MLP_INPUT = "input"
+
+
+@dataclass
+class GatedPlan:
+    """Wraps a plan so that each run waits for ``GATE``: a request holds the worker until the test says.
+
+    ``runs`` counts the runs that started (the structural proof that a rejected
+    request never ran).
+    """
+
+    name: str
+    backends: tuple[str, ...]
+    inner: Any
+    runs: list[int] = field(default_factory=list)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.runs.append(1)
+        if not GATE.wait(GATE_LIMIT_S):
+            raise TimeoutError(f"the test never opened the gate within {GATE_LIMIT_S} s")
+        return self.inner.run(feeds)
+
+
+GATED: dict[str, GatedPlan] = {}  # plan name -> the gated plan of the last ``gated`` model loaded
+
+
+def gated_plans(model: Any) -> dict[str, Any]:
+    """``extra_plans``: the ``gated`` model's plans wait on ``GATE``; other models are untouched."""
+    from edge_runtime.scheduler import model_plans
+
+    if model.name != "gated":
+        return {}
+    plans = {name: GatedPlan(plan.name, plan.backends, plan) for name, plan in model_plans(model).items()}
+    GATED.clear()
+    GATED.update(plans)
+    return plans
+
+
+def gated_runs() -> int:
+    return sum(len(plan.runs) for plan in GATED.values())
+
+
+def mlp_feeds(seed: int, rows: int = 1) -> dict[str, np.ndarray]:
+    return {MLP_INPUT: np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)}
+
+
+def assert_names_the_problem(status: int, body: bytes, context: str = "") -> None:
+    """A 4xx/5xx answer must be ``{"error": "<non-empty message>"}``."""
+    import json
+
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise AssertionError(f"{context}: {status} with a non-JSON body {body[:200]!r}") from None
+    assert isinstance(document, dict) and isinstance(document.get("error"), str) and document["error"].strip(), (
+        f"{context}: {status} without an error message: {body[:200]!r}")
+
+
+@dataclass
+class Daemon:
+    """``python -m edge_runtime serve`` as a real process with its log in a file; ``stop()`` ends it by PID."""
+
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, repository: Path, cache: Path, log_path: Path, *, config: Path | None = None,
+              env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> "Daemon":
+        from server_fixtures import free_port
+
+        port = free_port()
+        environment = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT),
+                       "EDGE_RUNTIME_THREADS": "1", **(env or {})}
+        command = [sys.executable, "-m", "edge_runtime", "--log-level", "INFO", "serve", "--port", str(port),
+                   "--model-repository", str(repository), *(["--config", str(config)] if config else [])]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
+        daemon = cls(process, port, log_path)
+        daemon.wait_ready(timeout_s)
+        return daemon
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited with {self.process.returncode}: {self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"serve not ready within {timeout_s} s: {self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        import psutil
+
+        return psutil.Process(self.process.pid).memory_info().rss
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait, SIGKILL if it did not end; returns the exit code."""
+        import signal
+
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        return self.process.returncode
