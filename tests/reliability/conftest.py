@@ -30,7 +30,7 @@ for folder in (HERE.parent / "server", HERE.parent / "cloud"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from reliability_fixtures import GATE, gated_plans  # noqa: E402
+from reliability_fixtures import GATE, TOKEN, gated_plans  # noqa: E402
 from server_fixtures import LiveServer, build_types_model, write  # noqa: E402
 
 settings.register_profile("ci", max_examples=120, deadline=None, derandomize=True, print_blob=True,
@@ -97,14 +97,14 @@ def gate() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def rel_live(tmp_path_factory: pytest.TempPathFactory, rel_runtime: Any, rel_repo: Path) -> Iterator[LiveServer]:
-    """The real app on loopback in a thread (Schemathesis and other synchronous clients)."""
+    """The real app on loopback in a thread, with a token (Schemathesis and other synchronous clients)."""
     from edge_runtime.server.app import create_app
     from edge_runtime.server.config import ServerConfig
     from edge_runtime.server.repository import ModelRepository
 
     GATE.set()  # the fuzzers may call the gated model: let it run
     root = Path(shutil.copytree(rel_repo, tmp_path_factory.mktemp("rel_live") / "repository"))
-    server = LiveServer(create_app(ServerConfig(port=0, max_body_bytes=1 << 20),
+    server = LiveServer(create_app(ServerConfig(port=0, token=TOKEN, max_body_bytes=1 << 20),
                                    ModelRepository(root, rel_runtime, extra_plans=gated_plans))).start()
     yield server
     server.stop()

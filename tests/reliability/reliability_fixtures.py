@@ -20,6 +20,8 @@ GATE = threading.Event()  # the ``gated`` model's plan runs only while this is s
 GATE.set()
 GATE_LIMIT_S = 60.0  # a gate never opened fails the run instead of hanging the suite
 MLP_INPUT = "input"
+TOKEN = "reliability-token"  # the live server of the fuzzers requires it, as a public bind would
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @dataclass
