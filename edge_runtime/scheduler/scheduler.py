@@ -291,6 +291,11 @@ class ModelScheduler:
         ran, failure = plan_name, None
         try:
             outputs = self.plans[plan_name].run(joined)
+            # A multi-stage plan (PlanExecutor) that re-ran a stage on cpu answers, but says so here
+            # (same worker thread); the request's result and metrics must carry it, not only the log.
+            stage_note = getattr(self.plans[plan_name], "last_fallback", None)
+            if isinstance(stage_note, str) and stage_note:
+                failure = PlanFailure(stage_note)
         except BackendError as exc:
             if self._cpu_plan is None or self._cpu_plan == plan_name:
                 raise

@@ -79,6 +79,21 @@ def assert_names_the_problem(status: int, body: bytes, context: str = "") -> Non
         f"{context}: {status} without an error message: {body[:200]!r}")
 
 
+def _limit_files(max_bytes: int) -> None:
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+def _copy_lines(stream: Any, log_path: Path) -> None:
+    with open(log_path, "ab") as log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+
+
 @dataclass
 class Daemon:
     """``python -m edge_runtime serve`` as a real process with its log in a file; ``stop()`` ends it by PID."""
@@ -93,7 +108,10 @@ class Daemon:
 
     @classmethod
     def start(cls, repository: Path, cache: Path, log_path: Path, *, config: Path | None = None,
-              env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> "Daemon":
+              env: Mapping[str, str] | None = None, timeout_s: float = 120.0,
+              max_file_bytes: int | None = None) -> "Daemon":
+        """``max_file_bytes``: RLIMIT_FSIZE of the daemon (a full disk: writes past it fail with EFBIG);
+        its log then comes through a pipe, which the limit does not touch."""
         from server_fixtures import free_port
 
         port = free_port()
@@ -101,8 +119,13 @@ class Daemon:
                        "EDGE_RUNTIME_THREADS": "1", **(env or {})}
         command = [sys.executable, "-m", "edge_runtime", "--log-level", "INFO", "serve", "--port", str(port),
                    "--model-repository", str(repository), *(["--config", str(config)] if config else [])]
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
+        if max_file_bytes is None:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
+        else:
+            process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, preexec_fn=lambda: _limit_files(max_file_bytes))
+            threading.Thread(target=_copy_lines, args=(process.stdout, log_path), daemon=True).start()
         daemon = cls(process, port, log_path)
         daemon.wait_ready(timeout_s)
         return daemon
