@@ -15,14 +15,16 @@ from pathlib import Path
 
 from edge_runtime.errors import ConfigError, InvalidInputError, ModelLoadError, ModelNotFoundError
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# NOTE: at most 255 characters, NAME_MAX of common file systems: a longer name is an OSError, not a 404.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 MODEL_FILES = ("model.onnx", "model.tflite")
 
 
 def check_model_name(name: str) -> str:
-    """``name`` if it is a safe model name (``^[A-Za-z0-9_.-]+$``, not only dots), else InvalidInputError."""
+    """``name`` if it is a safe model name (``^[A-Za-z0-9_.-]{1,255}$``, not only dots), else InvalidInputError."""
     if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
-        raise InvalidInputError(f"invalid model name {name!r}: use letters, digits, '_', '.', '-' (not only dots)")
+        raise InvalidInputError(f"invalid model name {name[:60]!r}: use 1 to 255 letters, digits, '_', '.', '-' "
+                                "(not only dots)")
     return name
 
 

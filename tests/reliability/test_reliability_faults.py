@@ -72,6 +72,8 @@ async def test_an_opencl_stage_failing_mid_run_is_answered_from_the_cpu(
         aiohttp_client: Any, make_rel_app: Any, rel_repo_copy: Path, opencl_planner_plans: Any) -> None:
     from planning_fakes import feeds_for, skip_dag
 
+    from backends.errors import BackendError
+
     plans_for, built = opencl_planner_plans
     model = skip_dag()
     (rel_repo_copy / "ocl" / "1").mkdir(parents=True)
@@ -95,7 +97,7 @@ async def test_an_opencl_stage_failing_mid_run_is_answered_from_the_cpu(
         parameters = document["parameters"]
         assert parameters["plan"] == "gpu" and "opencl" in parameters["backends"]
         fallbacks.append(parameters.get("fallback"))
-        accel.raise_type = __import__("backends.errors", fromlist=["BackendError"]).BackendError
+        accel.raise_type = BackendError
     assert fallbacks[0] is None and fallbacks[2] is None and fallbacks[4] is None
     assert "stage 0 (opencl) re-ran on cpu" in fallbacks[1] and "RuntimeError" in fallbacks[1]
     assert "stage 0 (opencl) re-ran on cpu: BackendError" in fallbacks[3]
@@ -114,9 +116,7 @@ async def test_a_crashing_opencl_driver_is_contained_by_the_canary(
     monkeypatch.setenv(FAULT_ENV, "crash")  # the canary child process dies of SIGSEGV
     (rel_repo_copy / "mlp" / "config.toml").write_text('[serving]\nbackend = "auto"\n')
     (rel_repo_copy / "gpu_only" / "1").mkdir(parents=True)
-    (rel_repo_copy / "mlp" / "1" / "model.onnx").link_to(rel_repo_copy / "gpu_only" / "1" / "model.onnx") \
-        if hasattr(Path, "link_to") else os.link(rel_repo_copy / "mlp" / "1" / "model.onnx",
-                                                 rel_repo_copy / "gpu_only" / "1" / "model.onnx")
+    os.link(rel_repo_copy / "mlp" / "1" / "model.onnx", rel_repo_copy / "gpu_only" / "1" / "model.onnx")
     (rel_repo_copy / "gpu_only" / "config.toml").write_text('[serving]\nbackend = "opencl"\n')
     runtime = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", intra_op_threads=1, probe_opencl=True))
     try:
