@@ -304,3 +304,60 @@ async def test_a_cloud_peer_killed_mid_request_is_answered_locally(
                for a in answers + after), answers + after
     assert all("breaker" in a.get("route", "") or a.get("fallback") for a in after)
     assert (await client.get("/v2/health/ready")).status == 200
+
+
+# -- a TFLite delegate ----------------------------------------------------------------------------
+def _test_delegate(out: Path) -> Path:
+    """The tflite suite's external test delegate, compiled here (see tests/backends/tflite)."""
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler is not None, "no C compiler to build the test delegate"
+    source = Path(__file__).resolve().parents[1] / "backends" / "tflite" / "edge_test_delegate.c"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(source)], check=True,
+                   capture_output=True)
+    return out
+
+
+@pytest.mark.requires_litert
+@pytest.mark.filterwarnings("ignore:Exception ignored in.*Delegate.__del__:pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("failure", ["prepare", "create", "missing_library"])
+async def test_a_delegate_that_fails_to_load_leaves_the_model_serving_on_cpu(
+        aiohttp_client: Any, make_rel_app: Any, rel_repo_copy: Path, tmp_path: Path, failure: str) -> None:
+    import make_tflite_models
+    from ai_edge_litert.interpreter import Interpreter
+
+    from backends.base import DelegateSpec
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+
+    make_tflite_models.main([str(tmp_path / "tflite")])
+    model_dir = rel_repo_copy / "tfl" / "1"
+    model_dir.mkdir(parents=True)
+    (model_dir / "model.tflite").write_bytes((tmp_path / "tflite" / "float_cnn.tflite").read_bytes())
+    if failure == "missing_library":
+        spec = DelegateSpec(str(tmp_path / "libno_such_delegate.so"))
+    else:
+        spec = DelegateSpec(str(_test_delegate(tmp_path / "libdelegate.so")), (("fail", failure),))
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", intra_op_threads=1, probe_opencl=False,
+                                    delegates=(spec,)))
+    try:
+        from edge_runtime.server.state import STATE
+
+        app = make_rel_app(rel_repo_copy, runtime=runtime)
+        client = await aiohttp_client(app)
+        status = app[STATE].repository.get("tfl").model.executable.delegate_status
+        assert status.loaded is False and status.error, status  # the failure is kept and said, not hidden
+        x = np.random.default_rng(5).random((1, 16, 16, 3), dtype=np.float32)
+        response = await client.post("/v2/models/tfl/infer", data=codec.encode_request({"image": x}).body)
+        assert response.status == 200, await response.text()
+        interpreter = Interpreter(model_path=str(model_dir / "model.tflite"), num_threads=1)
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+        interpreter.invoke()
+        want = {d["name"]: interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()}
+        _close(_outputs(await response.json()), want)
+        assert (await client.post("/v2/models/mlp/infer", data=codec.encode_request(mlp_feeds(0)).body)).status == 200
+    finally:
+        runtime.close()
