@@ -6,14 +6,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+
+from cloud_peer import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GATE = threading.Event()  # the ``gated`` model's plan runs only while this is set
@@ -94,26 +93,16 @@ def _copy_lines(stream: Any, log_path: Path) -> None:
             log.flush()
 
 
-@dataclass
-class Daemon:
-    """``python -m edge_runtime serve`` as a real process with its log in a file; ``stop()`` ends it by PID."""
-
-    process: subprocess.Popen
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class Daemon(ServerProcess):
+    """``python -m edge_runtime serve`` at INFO, its log in a file; ``stop()`` ends it by PID (the cloud
+    suite's ``ServerProcess``, plus a config file, a file-size limit and an RSS reading)."""
 
     @classmethod
-    def start(cls, repository: Path, cache: Path, log_path: Path, *, config: Path | None = None,
+    def start(cls, repository: Path, cache: Path, log_path: Path, *, config: Path | None = None,  # type: ignore[override]
               env: Mapping[str, str] | None = None, timeout_s: float = 120.0,
               max_file_bytes: int | None = None) -> "Daemon":
         """``max_file_bytes``: RLIMIT_FSIZE of the daemon (a full disk: writes past it fail with EFBIG);
         its log then comes through a pipe, which the limit does not touch."""
-        from server_fixtures import free_port
-
         port = free_port()
         environment = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT),
                        "EDGE_RUNTIME_THREADS": "1", **(env or {})}
@@ -126,24 +115,9 @@ class Daemon:
             process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, preexec_fn=lambda: _limit_files(max_file_bytes))
             threading.Thread(target=_copy_lines, args=(process.stdout, log_path), daemon=True).start()
-        daemon = cls(process, port, log_path)
+        daemon = cls(repository, port, process, log_path)
         daemon.wait_ready(timeout_s)
         return daemon
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"serve exited with {self.process.returncode}: {self.log()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError(f"serve not ready within {timeout_s} s: {self.log()[-3000:]}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -153,15 +127,7 @@ class Daemon:
 
         return psutil.Process(self.process.pid).memory_info().rss
 
-    def stop(self, timeout_s: float = 30.0) -> int:
+    def stop(self) -> int:  # type: ignore[override]
         """SIGTERM, wait, SIGKILL if it did not end; returns the exit code."""
-        import signal
-
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        super().stop()
         return self.process.returncode
