@@ -31,6 +31,13 @@ from reliability_fixtures import AUTH, assert_names_the_problem, mlp_feeds
 from server_fixtures import ort_run
 from test_reliability_codec_fuzz import hostile_requests
 
+def _ensure_loaded(base: str) -> None:
+    """The fuzzers call unload too (a legitimate request): later tests load what they use again."""
+    for name in ("mlp", "types"):
+        if _session.get(f"{base}/v2/models/{name}/ready", timeout=30).status_code != 200:
+            assert _session.post(f"{base}/v2/repository/models/{name}/load", timeout=120).status_code == 200
+
+
 SERVED = ("mlp", "types", "gated", "nope", "..", "a%2Fb")  # real models, an unknown one, hostile names
 _session = requests.Session()  # the other tests: always with the token
 _session.headers.update(AUTH)
@@ -96,6 +103,7 @@ def test_every_route_answers_2xx_or_a_named_4xx(operation: Any, mode: Any, rel_l
 @settings(max_examples=150)
 def test_hostile_inference_bodies_get_a_named_4xx(rel_live: Any, request_body: tuple[bytes, int | None],
                                                   model: str, as_async: bool) -> None:
+    _ensure_loaded(f"http://{rel_live.url}")
     body, header_length = request_body
     headers = {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
     if as_async:
@@ -127,6 +135,7 @@ def test_odd_model_version_and_task_names_are_refused_cleanly(rel_live: Any, nam
 
 @pytest.mark.parametrize("header_length", ["²", "9" * 5000, "-1", "1e3", "0x10", "", "1 2", "¹"])
 def test_odd_header_lengths_are_a_named_400(rel_live: Any, header_length: str) -> None:
+    _ensure_loaded(f"http://{rel_live.url}")
     body = codec.encode_request(mlp_feeds(0), binary=True).body
     response = _session.post(f"http://{rel_live.url}/v2/models/mlp/infer", data=body, timeout=30,
                              headers={"Inference-Header-Content-Length": header_length})
@@ -138,8 +147,7 @@ def test_the_worker_still_serves_correctly_after_the_fuzzers(rel_live: Any, rel_
     base = f"http://{rel_live.url}"
     assert _session.get(f"{base}/v2/health/live", timeout=30).status_code == 200
     assert _session.get(f"{base}/v2/health/ready", timeout=30).status_code == 200
-    # the fuzzers may have unloaded it (a legitimate call): loading it again must work
-    assert _session.post(f"{base}/v2/repository/models/mlp/load", timeout=60).status_code == 200
+    _ensure_loaded(base)
     feeds = mlp_feeds(7, rows=3)
     encoded = codec.encode_request(feeds, binary=True)
     response = _session.post(f"{base}/v2/models/mlp/infer", data=encoded.body, timeout=30,
