@@ -24,7 +24,8 @@ from edge_runtime.errors import InvalidInputError
 from edge_runtime.protocol.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
 
 __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "check_outputs", "decode_request",
-           "encode_request", "parse_json", "encode_response", "feeds_for", "schedule_parameters", "wire_datatype", "wire_shape"]
+           "encode_request", "encode_response", "feeds_for", "parse_json", "schedule_parameters", "wire_datatype",
+           "wire_shape"]
 
 
 @dataclass(frozen=True)

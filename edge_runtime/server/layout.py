@@ -21,7 +21,7 @@ MODEL_FILES = ("model.onnx", "model.tflite")
 
 
 def check_model_name(name: str) -> str:
-    """``name`` if it is a safe model name (``^[A-Za-z0-9_.-]{1,255}$``, not only dots), else InvalidInputError."""
+    """``name`` if it is a safe model name (``MODEL_NAME``, not only dots), else InvalidInputError."""
     if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
         raise InvalidInputError(f"invalid model name {name[:60]!r}: use 1 to 255 letters, digits, '_', '.', '-' "
                                 "(not only dots)")

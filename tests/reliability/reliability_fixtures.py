@@ -98,8 +98,8 @@ class Daemon(ServerProcess):
     suite's ``ServerProcess``, plus a config file, a file-size limit and an RSS reading)."""
 
     @classmethod
-    def start(cls, repository: Path, cache: Path, log_path: Path, *, config: Path | None = None,  # type: ignore[override]
-              env: Mapping[str, str] | None = None, timeout_s: float = 120.0,
+    def start(cls, repository: Path, cache: Path, log_path: Path, *,  # type: ignore[override]
+              config: Path | None = None, env: Mapping[str, str] | None = None, timeout_s: float = 120.0,
               max_file_bytes: int | None = None) -> "Daemon":
         """``max_file_bytes``: RLIMIT_FSIZE of the daemon (a full disk: writes past it fail with EFBIG);
         its log then comes through a pipe, which the limit does not touch."""

@@ -265,7 +265,8 @@ async def test_a_slow_or_resetting_cloud_peer_is_answered_locally(
     from netem_proxy import LinkProfile, ShapingProxy
 
     base, peer_repo, local_repo = cloud_setup
-    profile = {"slow": LinkProfile("slow", delay_ms=400), "reset": LinkProfile("reset", reset_after_bytes=64)}[link]  # mid-answer
+    profile = {"slow": LinkProfile("slow", delay_ms=400),
+               "reset": LinkProfile("reset", reset_after_bytes=64)}[link]  # reset mid-answer
     peer = ServerProcess.start(peer_repo, base / f"peer-{link}.log")
     try:
         with ShapingProxy("127.0.0.1", peer.port, profile) as proxy:
