@@ -62,6 +62,13 @@ def gated_runs() -> int:
     return sum(len(plan.runs) for plan in GATED.values())
 
 
+def scaled(ci_examples: int) -> int:
+    """An example count set for the ``ci`` profile (120 per property), scaled to the loaded profile."""
+    from hypothesis import settings
+
+    return max(ci_examples, settings.default.max_examples * ci_examples // 120)
+
+
 def mlp_feeds(seed: int, rows: int = 1) -> dict[str, np.ndarray]:
     return {MLP_INPUT: np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)}
 

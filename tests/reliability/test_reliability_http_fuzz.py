@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from edge_runtime.protocol import codec
-from reliability_fixtures import AUTH, assert_names_the_problem, mlp_feeds
+from reliability_fixtures import AUTH, assert_names_the_problem, mlp_feeds, scaled
 from server_fixtures import ort_run
 from test_reliability_codec_fuzz import hostile_requests
 
@@ -42,7 +42,7 @@ SERVED = ("mlp", "types", "gated", "nope", "..", "a%2Fb")  # real models, an unk
 _session = requests.Session()  # the other tests: always with the token
 _session.headers.update(AUTH)
 _schemathesis_session = requests.Session()  # the token only where the generated case carries one
-SCHEMA_EXAMPLES = 12  # per operation and generation mode; the ``long`` profile's count is not applied here
+SCHEMA_EXAMPLES = scaled(12)  # per operation and generation mode
 
 
 def _operations() -> list[Any]:
@@ -100,7 +100,7 @@ def test_every_route_answers_2xx_or_a_named_4xx(operation: Any, mode: Any, rel_l
 
 
 @given(hostile_requests(), st.sampled_from(("mlp", "types")), st.booleans())
-@settings(max_examples=150)
+@settings(max_examples=scaled(150))
 def test_hostile_inference_bodies_get_a_named_4xx(rel_live: Any, request_body: tuple[bytes, int | None],
                                                   model: str, as_async: bool) -> None:
     _ensure_loaded(f"http://{rel_live.url}")
@@ -120,7 +120,7 @@ HOSTILE_NAMES = ("..", ".", "../../etc/passwd", "a/../b", "\\..\\x", "²", "١٢
 
 @given(st.one_of(st.sampled_from(HOSTILE_NAMES), st.text(min_size=1, max_size=40)),
        st.sampled_from(("", "/ready", "/config", "/stats", "/infer")))
-@settings(max_examples=80)
+@settings(max_examples=scaled(80))
 def test_odd_model_version_and_task_names_are_refused_cleanly(rel_live: Any, name: str, suffix: str) -> None:
     """Names straight into URL paths (percent-encoded): 4xx, never a 5xx, never a file outside the repository."""
     quoted = requests.utils.quote(name, safe="")
