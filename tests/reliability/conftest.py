@@ -16,6 +16,7 @@ runs on its own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -33,6 +34,18 @@ for folder in (HERE.parent / "server", HERE.parent / "cloud"):
 from reliability_fixtures import GATE, TOKEN, gated_plans  # noqa: E402
 from server_fixtures import LiveServer, build_types_model, write  # noqa: E402
 
+
+
+# Shared memory arrives with the serving core (issue 11): its fault tests are collected once the module
+# exists (not skipped: absent until then, then they must pass).
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package does not exist either
+        return False
+
+
+collect_ignore = [] if _has_module("edge_runtime.serving.shared_memory") else ["test_reliability_shm.py"]
 
 
 def repository_class() -> Any:
