@@ -74,15 +74,17 @@ def mlp_feeds(seed: int, rows: int = 1) -> dict[str, np.ndarray]:
 
 
 def assert_names_the_problem(status: int, body: bytes, context: str = "") -> None:
-    """A 4xx/5xx answer must be ``{"error": "<non-empty message>"}``."""
+    """A 4xx/5xx answer must say what was wrong: ``{"error": "<message>"}`` (KServe v2 routes) or
+    ``{"error": {"message": "<message>", ...}}`` (OpenAI-compatible routes)."""
     import json
 
     try:
         document = json.loads(body)
     except ValueError:
         raise AssertionError(f"{context}: {status} with a non-JSON body {body[:200]!r}") from None
-    assert isinstance(document, dict) and isinstance(document.get("error"), str) and document["error"].strip(), (
-        f"{context}: {status} without an error message: {body[:200]!r}")
+    error = document.get("error") if isinstance(document, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    assert isinstance(message, str) and message.strip(), f"{context}: {status} without an error message: {body[:200]!r}"
 
 
 def _limit_files(max_bytes: int) -> None:
