@@ -7,6 +7,7 @@ next load reads the optimised graph and skips optimisation.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from pathlib import Path
@@ -69,8 +70,7 @@ class CPUBackend:
             sess_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         else:
             sess_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if cached is not None:
-                cached.parent.mkdir(parents=True, exist_ok=True)
+            if cached is not None and _writable_dir(cached.parent):
                 sess_options.optimized_model_filepath = str(cached)
                 # ORT warns that the saved graph may hold hardware-specific (NCHWc) nodes; the
                 # cache key includes the device fingerprint, so that is intended. Errors still show.
@@ -86,9 +86,23 @@ class CPUBackend:
                 log.warning("cpu: cached model %s unusable (%s); rebuilding", cached, exc)
                 cached.unlink(missing_ok=True)
                 return self.compile(proto, options)
+            if sess_options.optimized_model_filepath and options.cache_dir is not None:
+                # NOTE: a full cache disk fails the save of the optimised graph; load without the cache.
+                log.warning("cpu: loading with the model cache failed (%s); loading without it", exc)
+                return self.compile(proto, dataclasses.replace(options, cache_dir=None))
             raise ModelLoadError(f"onnxruntime cannot load model: {exc}") from exc
         return CPUExecutable(session, graph_inputs(proto), graph_outputs(proto),
                              from_cache=source is not model_bytes)
+
+
+def _writable_dir(directory: Path) -> bool:
+    """Create ``directory`` if needed; False (logged) where the cache cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("cpu: model cache %s not writable (%s); compiling without it", directory, exc)
+        return False
+    return True
 
 
 def _cached_model_path(model_bytes: bytes, options: CompileOptions, ort_version: str) -> Path | None:

@@ -137,13 +137,24 @@ def read_entries(path: Path | None) -> dict[str, dict]:
 
 
 def write_entry(path: Path, key: str, entry: dict) -> None:
-    """Merge one entry into the cache file atomically (other processes may write too)."""
+    """Merge one entry into the cache file atomically (other processes may write too).
+
+    Best effort: a read-only or full cache directory costs a re-measurement next
+    start, never the load (logged).
+    """
     entries = read_entries(path)
     entries[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot write calibration cache %s (%s); it will be measured again", path, exc)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            log.debug("cannot remove %s", tmp)
 
 
 def _clamp(value: float, low: float, high: float) -> float:

@@ -12,6 +12,7 @@ expected versus received.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -23,7 +24,8 @@ from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
 
 __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "check_outputs", "decode_request",
-           "encode_request", "encode_response", "feeds_for", "schedule_parameters", "wire_datatype", "wire_shape"]
+           "encode_request", "encode_response", "feeds_for", "parse_json", "schedule_parameters", "wire_datatype",
+           "wire_shape"]
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,17 @@ def _split(body: bytes, header_length: int | None) -> tuple[Any, bytes | memoryv
         # A view, not a slice: a slice of bytes copies the (megabytes of) tensor data after the header.
         whole = memoryview(body)
         header_bytes, binary = whole[:header_length], whole[header_length:]
+    return parse_json(header_bytes), binary
+
+
+def parse_json(raw: bytes | memoryview) -> Any:
+    """A JSON document from request bytes; InvalidInputError when malformed or nested too deep."""
     try:
-        return jsonio.loads(header_bytes), binary
+        return jsonio.loads(raw)
     except (UnicodeDecodeError, jsonio.DecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
+    except RecursionError:  # the stdlib parser recurses per nesting level
+        raise InvalidInputError("malformed JSON in the request: nested too deeply") from None
 
 
 def _tensor_header(item: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
@@ -222,7 +231,8 @@ def schedule_parameters(parameters: Mapping[str, Any], default_priority_level: i
     if not isinstance(level, int) or isinstance(level, bool) or level < 0:
         raise InvalidInputError(f"parameters.priority must be an integer >= 0, got {level!r}")
     timeout_us = parameters.get("timeout", 0)
-    if not isinstance(timeout_us, (int, float)) or isinstance(timeout_us, bool) or timeout_us < 0:
+    if (not isinstance(timeout_us, (int, float)) or isinstance(timeout_us, bool) or not timeout_us >= 0
+            or timeout_us == math.inf):  # NOTE: "not >= 0" also refuses NaN
         raise InvalidInputError(f"parameters.timeout must be microseconds >= 0, got {timeout_us!r}")
     return -(level or default_priority_level), (timeout_us / 1000.0 if timeout_us else None)
 

@@ -54,7 +54,10 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np
         if bad is not None:
             raise InvalidInputError(f"input {name!r}: datatype BYTES needs strings in 'data', got {bad!r}")
         array = np.empty(len(flat), dtype=object)
-        array[:] = [v.encode() for v in flat]
+        try:
+            array[:] = [v.encode() for v in flat]
+        except UnicodeEncodeError:  # JSON may escape a lone surrogate ("\\ud800"): it has no UTF-8
+            raise InvalidInputError(f"input {name!r}: a BYTES string holds a lone surrogate, not text") from None
     else:
         try:
             array = np.asarray(data)
@@ -64,7 +67,16 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np
     if array.size != count:
         raise InvalidInputError(
             f"input {name!r}: shape {list(shape)} needs {count} elements, 'data' has {array.size}")
-    return array.reshape(shape)
+    return _shaped(name, array, shape)
+
+
+def _shaped(name: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array.reshape(shape)``; a shape numpy cannot hold (rank over its limit, a dimension of
+    2**63 or more beside a zero one) is the client's mistake, not the server's."""
+    try:
+        return array.reshape(shape)
+    except (ValueError, OverflowError) as exc:
+        raise InvalidInputError(f"input {name!r}: a shape of rank {len(shape)} numpy cannot hold: {exc}") from None
 
 
 def _numeric(name: str, datatype: str, array: np.ndarray, data: Any) -> np.ndarray:
@@ -122,7 +134,7 @@ def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | me
                 f"input {name!r}: shape {list(shape)} needs {count} BYTES elements, the data holds {len(elements)}")
         array = np.empty(count, dtype=object)
         array[:] = elements
-        return array.reshape(shape)
+        return _shaped(name, array, shape)
     dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise InvalidInputError(
@@ -132,7 +144,7 @@ def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | me
         octets = np.frombuffer(raw, dtype=np.uint8)
         if octets.size and int(octets.max()) > 1:
             raise InvalidInputError(f"input {name!r}: BOOL bytes must be 0 or 1, found {int(octets.max())}")
-    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+    return _shaped(name, np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False), shape)
 
 
 def _split_bytes(name: str, raw: bytes | memoryview) -> list[bytes]:

@@ -104,8 +104,24 @@ def error_headers(exc: BaseException, retry_after_s: int) -> dict[str, str]:
 
 
 def error_body(message: str) -> bytes:
-    """``{"error": "<message>"}``, the body of every error response."""
+    """``{"error": "<message>"}``, the body of every v2 error response."""
     return json.dumps({"error": message}).encode()
+
+
+# OpenAI's error ``type`` per status (what its clients show); anything else is a server_error.
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                 405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def openai_error_body(message: str, status: int, code: str | None = None) -> bytes:
+    """``{"error": {"message", "type", "param", "code"}}``: errors of the ``/v1/*`` routes, OpenAI's shape."""
+    return json.dumps({"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
+                                 "param": None, "code": code}}).encode()
+
+
+def error_body_for(path: str, message: str, status: int) -> bytes:
+    """The error body a client of ``path`` parses: OpenAI's shape under ``/v1/``, v2's elsewhere."""
+    return openai_error_body(message, status) if path.startswith("/v1/") else error_body(message)
 
 
 def public_message(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Request middlewares: the bearer token check, and errors -> ``{"error": ...}`` responses."""
+"""Request middlewares: the bearer token check, and errors -> ``{"error": ...}`` responses (OpenAI's shape on /v1)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 
 from aiohttp import web
 
-from edge_runtime.server.errors import UnauthorizedError, error_body, error_headers, mapping_of, public_message
+from edge_runtime.server.errors import UnauthorizedError, error_body_for, error_headers, mapping_of, public_message
 from edge_runtime.server.routes import Handler, is_public
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def error_middleware(overload_status: int, retry_after_s: int) -> Middleware:
                 raise
             # aiohttp's own errors (unknown route 404, 405, body over client_max_size 413)
             headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-            return web.Response(status=exc.status, body=error_body(exc.text or exc.reason),
+            return web.Response(status=exc.status, body=error_body_for(request.path, exc.text or exc.reason, exc.status),
                                 content_type="application/json", headers=headers)
         except asyncio.CancelledError:
             raise
@@ -38,7 +38,7 @@ def error_middleware(overload_status: int, retry_after_s: int) -> Middleware:
                 log.log(logging.ERROR if mapping.status == 500 else logging.WARNING,
                         "%s %s -> %d: %s", request.method, request.path, mapping.status, exc,
                         exc_info=mapping.status == 500)
-            return web.Response(status=mapping.status, body=error_body(public_message(exc)),
+            return web.Response(status=mapping.status, body=error_body_for(request.path, public_message(exc), mapping.status),
                                 content_type="application/json", headers=error_headers(exc, retry_after_s))
 
     return errors

@@ -20,21 +20,16 @@ from aiohttp import web
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
 from edge_runtime.protocol.codec import EncodedResponse
-from edge_runtime.server.errors import error_headers, mapping_of, public_message
+from edge_runtime.server.errors import error_headers, mapping_of, openai_error_body, public_message
 from edge_runtime.server.generation_http import dumps, generative, json_object, sse, state_of, until_disconnect
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error"}
-
 
 def openai_error(exc: BaseException, request: web.Request) -> web.Response:
     config = state_of(request).config
     status = mapping_of(exc, config.overload_status).status
     code = "model_not_found" if isinstance(exc, ModelNotFoundError) else (
         "context_length_exceeded" if "context" in str(exc) and status == 400 else None)
-    body = {"error": {"message": public_message(exc), "type": _TYPES.get(status, "server_error"),
-                      "param": None, "code": code}}
-    return web.Response(status=status, text=dumps(body), content_type="application/json",
+    return web.Response(status=status, body=openai_error_body(public_message(exc), status, code),
+                        content_type="application/json",
                         headers=error_headers(exc, config.retry_after_s))
 
 

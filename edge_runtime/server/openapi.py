@@ -45,6 +45,9 @@ _REGION = _obj({"name": _STR, "key": _STR, "offset": _INT, "byte_size": _INT}, (
 
 SCHEMAS: dict[str, Any] = {
     "Error": _obj({"error": _STR}, ("error",)),
+    "OpenAIError": _obj({"error": _obj({"message": _STR, "type": _STR, "param": {"type": "string", "nullable": True},
+                                        "code": {"type": "string", "nullable": True}}, ("message", "type"))},
+                        ("error",)),
     "SharedMemoryStatus": {"type": "array", "items": _REGION},
     "SharedMemoryRegister": _obj({"key": {"type": "string", "description": "POSIX shm name, e.g. /input0"},
                                   "offset": {"type": "integer", "minimum": 0},
@@ -127,7 +130,7 @@ def _operation(route: "Route", public: bool) -> dict[str, Any]:
     if inference:
         responses["202"] = {"description": "Accepted as an async task", "content": _content("Task"),
                             "headers": {"Location": {"schema": _STR}}}
-    error = {"content": _content("Error")}
+    error = {"content": _content("OpenAIError" if route.path.startswith("/v1/") else "Error")}
     for status, text in _ERRORS.items():
         if status == "401" and public:
             continue

@@ -16,12 +16,12 @@ import edge_runtime
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
 from edge_runtime.server import inference
 from edge_runtime.protocol import jsonio
-from edge_runtime.protocol.codec import EncodedResponse, wire_datatype, wire_shape
+from edge_runtime.protocol.codec import EncodedResponse, parse_json, wire_datatype, wire_shape
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.generate_routes import GENERATE_ROUTES
 from edge_runtime.server.openai_routes import OPENAI_ROUTES
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
-from edge_runtime.serving.layout import check_model_name, parse_version
+from edge_runtime.serving.layout import check_model_name, is_decimal, parse_version
 from edge_runtime.serving.repository import LoadedVersion
 from edge_runtime.server.state import STATE, ServerState
 from edge_runtime.server.tasks import CANCELLED, FAILED, PENDING, Task
@@ -59,10 +59,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     body = await _body(request)
     if not body.strip():
         return {}
-    try:
-        document = jsonio.loads(body)
-    except (UnicodeDecodeError, jsonio.DecodeError) as exc:
-        raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
+    document = parse_json(body)
     if not isinstance(document, dict):
         raise InvalidInputError("the request body must be a JSON object")
     return document
@@ -208,8 +205,8 @@ def _header_length(request: web.Request) -> int | None:
     text = request.headers.get(HEADER_LENGTH)
     if text is None:
         return None
-    if not text.strip().isdigit():
-        raise InvalidInputError(f"{HEADER_LENGTH} must be a non-negative integer, got {text!r}")
+    if not is_decimal(text.strip()):
+        raise InvalidInputError(f"{HEADER_LENGTH} must be a non-negative integer, got {text[:40]!r}")
     return int(text)
 
 

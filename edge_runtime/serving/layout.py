@@ -15,21 +15,32 @@ from pathlib import Path
 
 from edge_runtime.errors import ConfigError, InvalidInputError, ModelLoadError, ModelNotFoundError
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# NOTE: at most 255 characters, NAME_MAX of common file systems: a longer name is an OSError, not a 404.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 MODEL_FILES = ("model.onnx", "model.tflite")
 
 
 def check_model_name(name: str) -> str:
-    """``name`` if it is a safe model name (``^[A-Za-z0-9_.-]+$``, not only dots), else InvalidInputError."""
+    """``name`` if it is a safe model name (``MODEL_NAME``, not only dots), else InvalidInputError."""
     if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
-        raise InvalidInputError(f"invalid model name {name!r}: use letters, digits, '_', '.', '-' (not only dots)")
+        raise InvalidInputError(f"invalid model name {name[:60]!r}: use 1 to 255 letters, digits, '_', '.', '-' "
+                                "(not only dots)")
     return name
+
+
+def is_decimal(text: str) -> bool:
+    """ASCII digits only, at most 18 of them: what ``int()`` turns into an int64 without surprise.
+
+    NOTE: ``str.isdigit`` also accepts '²' and other digits ``int()`` refuses, and ``int()``
+    refuses more than 4300 digits: both would be a 500 instead of a 400.
+    """
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
 
 
 def parse_version(text: str) -> int:
     """A version from a URL; InvalidInputError unless a positive integer."""
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidInputError(f"invalid model version {text!r}: versions are positive integers")
+    if not is_decimal(text) or int(text) < 1:
+        raise InvalidInputError(f"invalid model version {text[:40]!r}: versions are positive integers")
     return int(text)
 
 

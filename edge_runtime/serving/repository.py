@@ -41,7 +41,7 @@ from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
 from edge_runtime.scheduler.factory import serving_options
 from edge_runtime.serving.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
-from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
+from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_name, is_decimal, model_file
 
 if TYPE_CHECKING:
     from edge_runtime.cloud.config import CloudConfig
@@ -110,7 +110,8 @@ class ModelRepository:
         directory = self.root / name
         if not directory.is_dir():
             return []
-        return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+        return sorted(int(p.name) for p in directory.iterdir()
+                      if p.is_dir() and is_decimal(p.name) and int(p.name) > 0)
 
     # -- serving -----------------------------------------------------------------------
     def get(self, name: str, version: int | None = None) -> LoadedVersion:

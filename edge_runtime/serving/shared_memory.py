@@ -13,7 +13,12 @@ Rules (every breach is an ``InvalidInputError`` naming the region and the number
   a tensor must lie inside its region;
 * a region used by a running request is *leased*: unregistering it is refused
   until the request ends. The mapping itself is closed only once no numpy view
-  of it is alive, so nothing can read freed memory even then.
+  of it is alive, so nothing can read freed memory even then;
+* the object is re-measured (``fstat`` on the descriptor kept open) each time a
+  request touches the region: an owner that shrank it after registering gets
+  a 400, not a SIGBUS that would end the daemon. NOTE: an owner that shrinks it
+  *while* a request reads it can still fault the process, as in Triton; the
+  region's owner is a local, trusted-enough client (it holds the shm object).
 
 NOTE: Python's ``multiprocessing.shared_memory`` registers opened objects with
 its resource tracker, which unlinks them when this process exits (the
@@ -45,6 +50,21 @@ class Region:
     offset: int
     byte_size: int
     mapping: mmap.mmap = field(repr=False)
+    fd: int = field(repr=False, default=-1)  # kept open to re-measure the object (see the module's rules)
+
+    def check_size(self) -> None:
+        """InvalidInputError when the object no longer holds the region (its owner truncated it)."""
+        size = os.fstat(self.fd).st_size
+        if self.offset + self.byte_size > size:
+            raise InvalidInputError(
+                f"shared memory region {self.name!r}: key {self.key!r} shrank to {size} bytes after it was "
+                f"registered; the region needs {self.offset + self.byte_size}. Unregister and register it again")
+
+    def close(self) -> None:
+        _close(self.mapping)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -80,9 +100,10 @@ class SharedMemoryRegions:
                         f"shared memory region {name!r}: offset {offset} + byte_size {byte_size} = "
                         f"{offset + byte_size} runs past the end of key {key!r} ({size} bytes)")
                 mapping = mmap.mmap(fd, size)
-            finally:
+            except BaseException:
                 os.close(fd)
-            region = Region(name, key, offset, byte_size, mapping)
+                raise
+            region = Region(name, key, offset, byte_size, mapping, fd)
             self._regions[name] = region
             return region
 
@@ -98,7 +119,7 @@ class SharedMemoryRegions:
                 raise InvalidInputError("shared memory region(s) in use by running requests "
                                         f"(region: requests) {busy}; unregister after they finish")
             for region_name in names:
-                _close(self._regions.pop(region_name).mapping)
+                self._regions.pop(region_name).close()
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
@@ -114,7 +135,7 @@ class SharedMemoryRegions:
     def close(self) -> None:
         with self._lock:
             for region in self._regions.values():
-                _close(region.mapping)
+                region.close()
             self._regions.clear()
 
     def _take(self, name: str) -> Region:
@@ -152,6 +173,7 @@ class RegionLease:
             raise InvalidInputError(
                 f"tensor {tensor!r}: shared_memory_offset {offset} + shared_memory_byte_size {byte_size} = "
                 f"{offset + byte_size} runs past region {region_name!r} ({region.byte_size} bytes)")
+        region.check_size()
         start = region.offset + offset
         return memoryview(region.mapping)[start:start + byte_size]
 

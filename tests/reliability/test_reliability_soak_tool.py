@@ -1,0 +1,19 @@
+"""``tools/soak.py`` runs end to end in a few seconds and reports every kind of traffic, nothing unexpected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def test_a_short_soak_reports_every_kind_and_nothing_unexpected(tmp_path: Path) -> None:
+    import soak
+
+    code = soak.main(["--seconds", "4", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "soak.json").read_text())
+    assert (tmp_path / "soak.png").stat().st_size > 0
+    assert code == 0, result["examples"]
+    assert set(result["requests"]) == set(soak.CLIENTS) and result["kinds"] == len(soak.CLIENTS)
+    assert all(n > 0 for n in result["requests"].values()), result["requests"]
+    assert result["unexpected"] == {} and result["wrong_values"] == {} and result["daemon_alive"]
+    assert result["rss_mib"]["peak"] >= result["rss_mib"]["start"] > 0

@@ -1,0 +1,298 @@
+"""Soak: a bounded run of mixed traffic against a real ``edge-runtime serve``; reports leaks and drift.
+
+Starts ``python -m edge_runtime serve`` on 127.0.0.1 (a free port) over a
+repository built here from the model zoo (``mlp``, ``mobilenet``; cpu backend)
+and keeps closed-loop clients of every kind busy for ``--seconds``:
+
+* ``infer_json``     JSON tensors to ``mlp``;
+* ``infer_binary``   binary tensors in and out to ``mobilenet``;
+* ``async_task``     ``Prefer: respond-async`` to ``mlp``, then poll the task, fetch its result, delete it;
+* ``bad_request``    malformed and wrong-shape bodies: a 4xx naming the problem is the expected answer;
+* ``metadata``       model metadata, readiness, statistics and ``/metrics``.
+
+Every answer is checked (values against ONNX Runtime in this process); anything
+unexpected is counted by kind and status. The daemon's RSS is sampled every
+second. Prints one JSON object and writes ``soak.json`` and ``soak.png`` to
+``--out``: requests per kind, unexpected answers, wrong values, RSS start/end/peak
+and growth over the second half, p50/p99 per window and the drift (last window's
+p50 over the first's). Exits 1 when anything was unexpected or the daemon died.
+
+    python tools/soak.py --seconds 180 --out bench-results
+    python tools/soak.py --quick          # 20 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "tools"):
+    if str(path) not in sys.path:  # run as a script from a checkout
+        sys.path.insert(0, str(path))
+
+WINDOWS = 6
+CLIENTS = {"infer_json": 2, "infer_binary": 2, "async_task": 1, "bad_request": 1, "metadata": 1}
+
+
+@dataclass
+class Tally:
+    """What the clients saw, by kind; latencies as (seconds since start, seconds taken)."""
+
+    started: float = field(default_factory=time.monotonic)
+    requests: Counter = field(default_factory=Counter)
+    unexpected: Counter = field(default_factory=Counter)  # "kind:status"
+    wrong: Counter = field(default_factory=Counter)
+    latencies: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    examples: list[str] = field(default_factory=list)
+
+    def record(self, kind: str, began: float, ok: bool, what: str = "") -> None:
+        self.requests[kind] += 1
+        if ok:
+            self.latencies[kind].append((began - self.started, time.monotonic() - began))
+        else:
+            self.unexpected[f"{kind}:{what}"] += 1
+            if len(self.examples) < 10:
+                self.examples.append(f"{kind}: {what}")
+
+
+def build_repository(root: Path) -> dict[str, Any]:
+    """mlp/1 and mobilenet/1 on the cpu backend; returns inputs and their ONNX Runtime outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    from edge_runtime.model_zoo import build_mlp, build_mobilenet
+
+    cases: dict[str, Any] = {}
+    rng = np.random.default_rng(0)
+    for name, model, shape in (("mlp", build_mlp(seed=0), (2, 64)), ("mobilenet", build_mobilenet(), (1, 3, 64, 64))):
+        path = root / name / "1" / "model.onnx"
+        path.parent.mkdir(parents=True)
+        onnx.save(model, str(path))
+        (root / name / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
+        cases[name] = [(f, session.run(None, f)[0]) for f in feeds]
+    return cases
+
+
+async def client(kind: str, k: int, url: str, cases: dict[str, Any], tally: Tally, stop_at: float) -> None:
+    import aiohttp
+
+    from edge_runtime.protocol import codec
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        i = k
+        while time.monotonic() < stop_at:
+            i += 1
+            began = time.monotonic()
+            try:
+                ok, what = await _ONE[kind](session, url, cases, i, codec)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                ok, what = False, f"transport {type(exc).__name__}"
+            except AssertionError as exc:
+                ok, what = False, f"wrong: {exc}"
+                tally.wrong[kind] += 1
+            tally.record(kind, began, ok, what)
+
+
+async def _infer_json(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+    feeds, want = cases["mlp"][i % len(cases["mlp"])]
+    async with session.post(f"{url}/v2/models/mlp/infer", data=codec.encode_request(feeds).body) as response:
+        if response.status != 200:
+            return False, str(response.status)
+        (output,) = (await response.json())["outputs"]
+    got = np.array(output["data"], np.float32).reshape(output["shape"])
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5), "infer_json values differ from ONNX Runtime"
+    return True, ""
+
+
+async def _infer_binary(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+    feeds, want = cases["mobilenet"][i % len(cases["mobilenet"])]
+    encoded = codec.encode_request(feeds, binary=True, parameters={"binary_data_output": True})
+    async with session.post(f"{url}/v2/models/mobilenet/infer", data=encoded.body,
+                            headers={"Inference-Header-Content-Length": str(encoded.header_length)}) as response:
+        body = await response.read()
+        if response.status != 200:
+            return False, str(response.status)
+        length = int(response.headers["Inference-Header-Content-Length"])
+    got = np.frombuffer(body[length:], "<f4").reshape(want.shape)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5), "infer_binary values differ from ONNX Runtime"
+    return True, ""
+
+
+async def _async_task(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+    feeds, want = cases["mlp"][i % len(cases["mlp"])]
+    async with session.post(f"{url}/v2/models/mlp/infer", data=codec.encode_request(feeds).body,
+                            headers={"Prefer": "respond-async"}) as response:
+        if response.status != 202:
+            return False, f"submit {response.status}"
+        task = await response.json()
+    for _ in range(2000):  # bounded poll
+        async with session.get(f"{url}/v2/tasks/{task['id']}") as response:
+            status = (await response.json())["status"]
+        if status != "pending":
+            break
+        await asyncio.sleep(0.005)
+    async with session.get(f"{url}/v2/tasks/{task['id']}/result") as response:
+        if response.status != 200:
+            return False, f"result {response.status}"
+        (output,) = (await response.json())["outputs"]
+    async with session.delete(f"{url}/v2/tasks/{task['id']}") as response:
+        if response.status != 200:
+            return False, f"delete {response.status}"
+    got = np.array(output["data"], np.float32).reshape(output["shape"])
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5), "async_task values differ from ONNX Runtime"
+    return True, ""
+
+
+BAD_BODIES = (b"{", b'{"inputs": []}', b'{"inputs":[{"name":"input","datatype":"FP32","shape":[1,63],"data":[]}]}',
+              b'{"inputs":[{"name":"input","datatype":"INT8","shape":[1,64],"data":' + b"[1.5]" + b"}]}",
+              b"[" * 100_000)
+
+
+async def _bad_request(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+    async with session.post(f"{url}/v2/models/mlp/infer", data=BAD_BODIES[i % len(BAD_BODIES)]) as response:
+        document = await response.json(content_type=None)
+        named = isinstance(document, dict) and bool(document.get("error"))
+        return (400 <= response.status < 500 and named), f"{response.status}{'' if named else ' unnamed'}"
+
+
+async def _metadata(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+    path = ("/v2/models/mobilenet", "/v2/health/ready", "/v2/models/mlp/stats", "/metrics")[i % 4]
+    async with session.get(f"{url}{path}") as response:
+        await response.read()
+        return response.status == 200, f"{path} {response.status}"
+
+
+_ONE = {"infer_json": _infer_json, "infer_binary": _infer_binary, "async_task": _async_task,
+        "bad_request": _bad_request, "metadata": _metadata}
+
+
+async def sample_rss(pid: int, samples: list[tuple[float, int]], started: float, stop_at: float) -> None:
+    import psutil
+
+    process = psutil.Process(pid)
+    while time.monotonic() < stop_at:
+        samples.append((time.monotonic() - started, process.memory_info().rss))
+        await asyncio.sleep(1.0)
+
+
+def summarise(tally: Tally, rss: list[tuple[float, int]], seconds: float, alive: bool) -> dict[str, Any]:
+    windows: dict[str, list[dict[str, float]]] = {}
+    for kind, values in sorted(tally.latencies.items()):
+        rows = []
+        for w in range(WINDOWS):
+            low, high = seconds * w / WINDOWS, seconds * (w + 1) / WINDOWS
+            taken = np.array([t for at, t in values if low <= at < high] or [np.nan]) * 1e3
+            rows.append({"p50_ms": round(float(np.nanpercentile(taken, 50)), 2),
+                         "p99_ms": round(float(np.nanpercentile(taken, 99)), 2), "n": int(np.sum(~np.isnan(taken)))})
+        windows[kind] = rows
+    values = [r for _, r in rss]
+    half = [r for at, r in rss if at >= seconds / 2] or values
+    return {
+        "seconds": seconds, "daemon_alive": alive, "kinds": len(tally.requests),
+        "requests": dict(sorted(tally.requests.items())), "requests_total": sum(tally.requests.values()),
+        "unexpected": dict(sorted(tally.unexpected.items())), "wrong_values": dict(tally.wrong),
+        "examples": tally.examples,
+        "rss_mib": {"start": round(values[0] / 2**20, 1), "end": round(values[-1] / 2**20, 1),
+                    "peak": round(max(values) / 2**20, 1),
+                    "growth_second_half": round((half[-1] - half[0]) / 2**20, 1)} if values else {},
+        "latency_windows": windows,
+        "drift_p50": {k: round(rows[-1]["p50_ms"] / rows[0]["p50_ms"], 2) if rows[0]["p50_ms"] else None
+                      for k, rows in windows.items()},
+    }
+
+
+def plot(result: dict[str, Any], rss: list[tuple[float, int]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([t for t, _ in rss], [r / 2**20 for _, r in rss])
+    left.set(title="daemon RSS", xlabel="s", ylabel="MiB")
+    centres = [(w + 0.5) * result["seconds"] / WINDOWS for w in range(WINDOWS)]
+    for kind, rows in result["latency_windows"].items():
+        right.plot(centres, [r["p50_ms"] for r in rows], marker="o", label=kind)
+    right.set(title="p50 latency per window", xlabel="s", ylabel="ms", yscale="log")
+    right.legend(fontsize=8)
+    figure.suptitle(f"soak: {result['requests_total']} requests of {result['kinds']} kinds, "
+                    f"{sum(result['unexpected'].values())} unexpected")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+
+
+async def soak(seconds: float, work: Path) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+    from cloud_peer import free_port
+
+    from urllib.request import urlopen
+
+    cases = build_repository(work / "repository")
+    port = free_port()
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(work / "cache"), "PYTHONPATH": str(ROOT),
+           "EDGE_RUNTIME_THREADS": "1"}
+    with open(work / "serve.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "edge_runtime", "serve", "--port", str(port),
+                                    "--model-repository", str(work / "repository")],
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                with urlopen(f"{url}/v2/health/ready", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise SystemExit(f"soak: the daemon did not become ready: {(work / 'serve.log').read_text()[-2000:]}")
+        tally, rss = Tally(), []
+        stop_at = tally.started + seconds
+        await asyncio.gather(sample_rss(process.pid, rss, tally.started, stop_at),
+                             *(client(kind, k, url, cases, tally, stop_at)
+                               for kind, n in CLIENTS.items() for k in range(n)))
+        alive = process.poll() is None
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+    result = summarise(tally, rss, seconds, alive)
+    result["exit_code"] = process.returncode
+    return result, rss
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long to keep the traffic up")
+    parser.add_argument("--quick", action="store_true", help="20 s")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    seconds = 20.0 if args.quick else args.seconds
+    with tempfile.TemporaryDirectory(prefix="soak-") as work:
+        result, rss = asyncio.run(soak(seconds, Path(work)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "soak.json").write_text(json.dumps(result, indent=1))
+    plot(result, rss, args.out / "soak.png")
+    print(json.dumps(result, indent=1))
+    bad = result["unexpected"] or result["wrong_values"] or not result["daemon_alive"] or result["exit_code"] != 0
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
