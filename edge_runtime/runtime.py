@@ -194,6 +194,10 @@ class Runtime:
         label = "+".join(executor.backends)
         reason = (f"plan {plan!r}: {len(executor.stages)} stage(s), estimated "
                   f"{layout.partition.latency_s * 1e3:.3f} ms (profile {self.match.name!r})")
+        host_only = planner.unclaimed_ops() if plan != "cpu" else {}
+        if host_only:  # visible: which ops the accelerator left to the host (quantized ops, say)
+            reason += "; on the host, not claimed by the accelerator: " + ", ".join(
+                f"{op} x{n}" for op, n in host_only.items())
         report = LoadReport(label, reason, planner.prepared.original_node_count, executor.backend_nodes, ())
         log.info("loaded %s with %s", path, reason)
         return Model(name, path, executor, report, self._executor)
