@@ -34,7 +34,7 @@ class Int8Settings:
 
     activation_signed: bool
     reduce_range: bool
-    per_channel: bool = True
+    per_channel: bool = False  # ORT: per-tensor weights give the best CPU throughput
     why: str = ""
 
 
@@ -111,8 +111,7 @@ def _to_int8(source: Path, out: Path, mode: str, settings: Int8Settings, samples
     with tempfile.TemporaryDirectory(prefix="edge-runtime-quant-") as tmp:
         # ORT recommends shape inference + graph optimisation (BatchNorm folded into Conv)
         # before quantizing, so the quantizer sees the graph ORT will run.
-        prepared = Path(tmp) / "prepared.onnx"
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        prepared = _pre_process(source, Path(tmp) / "prepared.onnx", quant_pre_process)
         if mode == "dynamic":
             # Dynamic activations are always u8 in ORT's integer kernels (ConvInteger/MatMulInteger).
             quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8,
@@ -122,6 +121,19 @@ def _to_int8(source: Path, out: Path, mode: str, settings: Int8Settings, samples
         quantize_static(str(prepared), str(out), SampleReader(samples, on_sample), quant_format=QuantFormat.QDQ,
                         per_channel=settings.per_channel, reduce_range=settings.reduce_range,
                         activation_type=activation, weight_type=QuantType.QInt8)
+
+
+def _pre_process(source: Path, prepared: Path, quant_pre_process: Callable[..., None]) -> Path:
+    """ORT's pre-processing; without its symbolic shape inference where that fails (it asserts on
+    some exported graphs, e.g. a Concat it cannot follow), else the model as it is."""
+    for skip_symbolic in (False, True):
+        try:
+            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=skip_symbolic)
+            return prepared
+        except Exception as exc:  # ORT's shape inference raises AssertionError, ValueError, onnx errors
+            log.warning("quantize: pre-processing %s (symbolic shapes %s) failed: %s: %s", source,
+                        "off" if skip_symbolic else "on", type(exc).__name__, exc)
+    return source
 
 
 def _to_fp16(source: Path, out: Path) -> None:

@@ -32,6 +32,7 @@ from edge_runtime.protocol.codec import (
     feeds_for,
     schedule_parameters,
 )
+from edge_runtime.scheduler import InferenceResult
 from edge_runtime.server.dispatch import Answer
 from edge_runtime.server.errors import mapping_of
 from edge_runtime.server.layout import check_model_name, parse_version
@@ -77,8 +78,8 @@ async def execute(state: ServerState, prepared: PreparedInference) -> EncodedRes
     """Queue on the scheduler, wait, encode; raises QueueFullError, DeadlineExceededError, ..."""
     target = prepared.target
     try:
-        answer = await target.dispatcher.infer(prepared.feeds, priority=prepared.priority,
-                                               timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
+        with state.repository.budget.using(target.name):  # never unloaded while this request is in flight
+            answer = await _answer(target, prepared)
         result = answer.result
         response = encode_response(target.name, str(target.version), prepared.request, result.outputs,
                                    _parameters(answer))
@@ -91,6 +92,21 @@ async def execute(state: ServerState, prepared: PreparedInference) -> EncodedRes
     state.stats.record_success(target.name, str(target.version), result, prepared.rows,
                                _elapsed_ns(prepared.started_ns), answer.fallback_labels)
     return response
+
+
+async def _answer(target: LoadedVersion, prepared: PreparedInference) -> Answer:
+    """The dispatcher's answer, or the version's result cache's (``edge_runtime.result_cache``)."""
+    cache = target.extras.result_cache if target.extras is not None else None
+    key = cache.key(target.name, target.version, prepared.feeds) if cache is not None else b""
+    stored = cache.get(key) if cache is not None else None
+    if stored is not None:
+        return Answer(InferenceResult(stored, "result_cache", (), 0.0, 0.0, 1, prepared.request.id), "local",
+                      "result_cache")
+    answer = await target.dispatcher.infer(prepared.feeds, priority=prepared.priority,
+                                           timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
+    if cache is not None:
+        cache.put(key, answer.result.outputs)  # successes only: a failure raised above
+    return answer
 
 
 def _parameters(answer: Answer) -> dict[str, str | int | bool]:

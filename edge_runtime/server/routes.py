@@ -142,13 +142,25 @@ async def model_stats(request: web.Request) -> web.Response:
                     else [v for v in state.repository.served() if v.name == target.name])
     else:
         versions = state.repository.served()
-    return _json({"model_stats": [state.stats.triton(v.name, str(v.version)) for v in versions]})
+    return _json({"model_stats": [{**state.stats.triton(v.name, str(v.version)), **_residency(state, v)}
+                                  for v in versions]})
+
+
+def _residency(state: ServerState, version: Any) -> dict[str, Any]:
+    """Our additions to a version's Triton statistics: memory charge, warm-up, result cache."""
+    charged, measured = state.repository.budget.owner_bytes(version.name)
+    extras = version.extras
+    return {"edge_runtime": {
+        "memory_bytes": {"charged": charged, "measured": measured},
+        "warmup": extras.warmup.to_dict() if extras is not None else None,
+        "result_cache": extras.result_cache.snapshot() if extras is not None and extras.result_cache else None}}
 
 
 async def infer(request: web.Request) -> web.Response:
     state = _state(request)
     body = await _body(request)
     header_length = _header_length(request)
+    await state.repository.ensure_loaded(request.match_info["model"])  # [memory] lazy_load / budget
     # NOTE: no await between prepare and execute/submit: a reload cannot swap the version in between.
     prepared = inference.prepare(state, request.match_info["model"], request.match_info.get("version"),
                                  body, header_length)
