@@ -95,14 +95,17 @@ async def execute(state: ServerState, prepared: PreparedInference) -> EncodedRes
 
 
 async def _answer(target: LoadedVersion, prepared: PreparedInference) -> Answer:
-    """The dispatcher's answer, or the version's result cache's (``edge_runtime.result_cache``)."""
-    cache = target.extras.result_cache if target.extras is not None else None
-    key = cache.key(target.name, target.version, prepared.feeds) if cache is not None else b""
+    """The dispatcher's answer, or the version's result cache's (``edge_runtime.result_cache``), for the
+    feeds padded to their shape buckets (``edge_runtime.shape_buckets``)."""
+    extras = target.extras
+    cache = extras.result_cache if extras is not None else None
+    feeds = extras.buckets.apply(prepared.feeds) if extras is not None else prepared.feeds  # [shape_buckets]
+    key = cache.key(target.name, target.version, feeds) if cache is not None else b""
     stored = cache.get(key) if cache is not None else None
     if stored is not None:
         return Answer(InferenceResult(stored, "result_cache", (), 0.0, 0.0, 1, prepared.request.id), "local",
                       "result_cache")
-    answer = await target.dispatcher.infer(prepared.feeds, priority=prepared.priority,
+    answer = await target.dispatcher.infer(feeds, priority=prepared.priority,
                                            timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
     if cache is not None:
         cache.put(key, answer.result.outputs)  # successes only: a failure raised above

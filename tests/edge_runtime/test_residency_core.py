@@ -169,3 +169,52 @@ def test_warm_up_shapes_that_do_not_fit_are_clear_errors() -> None:
         warm_up({"cpu": CountingPlan()}, specs, warmup_config({"shapes": [{"z": [1, 3]}]}, "m"))
     with pytest.raises(ConfigError, match="positive integers"):
         warmup_config({"shapes": [{"x": [1, -3]}]}, "m")
+
+
+# -- shape buckets -----------------------------------------------------------------------------
+def _max_pool_model() -> "onnx.ModelProto":
+    """Relu then GlobalMaxPool: zero padding cannot change the answer (the maxima are >= 0)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalMaxPool", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "maxpool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_buckets_pad_up_to_the_next_size_and_a_tolerant_model_answers_the_same() -> None:
+    import onnxruntime as ort
+
+    from backends.onnx_graph import graph_inputs
+    from edge_runtime.shape_buckets import shape_buckets_config
+
+    model = _max_pool_model()
+    specs = graph_inputs(model)
+    buckets = shape_buckets_config({"pad": True, "dims": [{"input": "x", "axis": 3, "sizes": [32, 8, 16]}]}, specs, "m")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for width, bucket in ((5, 8), (8, 8), (9, 16), (17, 32), (40, 40)):
+        x = rng.standard_normal((1, 2, 4, width)).astype(np.float32)
+        padded = buckets.apply({"x": x})["x"]
+        assert padded.shape == (1, 2, 4, bucket)
+        np.testing.assert_array_equal(padded[..., :width], x)
+        np.testing.assert_array_equal(session.run(None, {"x": padded})[0], session.run(None, {"x": x})[0])
+    assert [s["x"] for s in buckets.warmup_shapes(specs)] == [(1, 2, 4, 8), (1, 2, 4, 16), (1, 2, 4, 32)]
+    exact = shape_buckets_config({"dims": [{"input": "x", "axis": 3, "sizes": [8]}]}, specs, "m")
+    assert exact.apply({"x": np.zeros((1, 2, 4, 5), np.float32)})["x"].shape == (1, 2, 4, 5)  # no pad: exact
+
+
+def test_bucket_config_mistakes_are_named() -> None:
+    from backends.onnx_graph import graph_inputs
+    from edge_runtime.shape_buckets import shape_buckets_config
+
+    specs = graph_inputs(_max_pool_model())
+    with pytest.raises(ConfigError, match="not an input"):
+        shape_buckets_config({"dims": [{"input": "z", "axis": 3, "sizes": [8]}]}, specs, "m")
+    with pytest.raises(ConfigError, match="must be a dynamic dim"):
+        shape_buckets_config({"dims": [{"input": "x", "axis": 2, "sizes": [8]}]}, specs, "m")
+    with pytest.raises(ConfigError, match="positive integers"):
+        shape_buckets_config({"dims": [{"input": "x", "axis": 3, "sizes": []}]}, specs, "m")

@@ -171,3 +171,29 @@ async def test_a_tiny_budget_unloads_idle_models_lru_and_never_a_busy_one(aiohtt
     index = await (await client.post("/v2/repository/index", json={})).json()
     reasons = {e["name"]: e["reason"] for e in index}
     assert "memory budget" in reasons["gated"]
+
+
+async def test_shape_buckets_pad_requests_and_warm_up_every_bucket(aiohttp_client: Any, runtime: Any,
+                                                                   tmp_path: Path) -> None:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalMaxPool", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "maxpool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    root = tmp_path / "repo"
+    write(root / "pool" / "1" / "model.onnx", model)
+    (root / "pool" / "config.toml").write_text(
+        '[shape_buckets]\npad = true\ndims = [{ input = "x", axis = 3, sizes = [8, 16] }]\n'
+        '[serving]\nbackend = "cpu"\n')
+    client = await aiohttp_client(app_for(runtime, root))
+    stats = (await (await client.get("/v2/models/pool/stats")).json())["model_stats"][0]
+    assert stats["edge_runtime"]["warmup"]["shapes"] == [{"x": [1, 2, 4, 8]}, {"x": [1, 2, 4, 16]}]
+    x = np.random.default_rng(3).standard_normal((1, 2, 4, 11)).astype(np.float32)
+    response = await client.post("/v2/models/pool/infer", data=codec.encode_request({"x": x}).body)
+    assert response.status == 200
+    got = np.asarray((await response.json())["outputs"][0]["data"], np.float32).reshape(1, 2, 1, 1)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
