@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from edge_runtime.config import from_mapping
+from edge_runtime.config import from_table
 from edge_runtime.errors import ConfigError, QueueFullError
 
 
@@ -46,9 +46,7 @@ class MemoryConfig:
 
 
 def memory_config(table: Mapping[str, Any] | None, where: str) -> MemoryConfig:
-    if table is not None and not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: [memory] must be a table")
-    return from_mapping(MemoryConfig, table or {}, f"{where}: [memory]")
+    return from_table(MemoryConfig, table, "memory", where)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from edge_runtime.config import from_mapping
+from edge_runtime.config import from_table
 from edge_runtime.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -52,9 +52,7 @@ class ResultCacheConfig:
 
 def result_cache_config(table: Mapping[str, Any] | None, where: str) -> ResultCacheConfig:
     """The model's ``[result_cache]`` table; ConfigError names ``where`` and the key."""
-    if table is not None and not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: [result_cache] must be a table")
-    return from_mapping(ResultCacheConfig, table or {}, f"{where}: [result_cache]")
+    return from_table(ResultCacheConfig, table, "result_cache", where)
 
 
 @dataclass
