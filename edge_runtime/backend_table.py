@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from backends.base import Availability, Backend
+from backends.descriptors import DESCRIPTORS
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,8 @@ BACKENDS: dict[str, str] = {
     "null": "backends.null:NullBackend",
 }
 
-# Backends a user can name on the command line; "null" is a test fake.
-USER_BACKENDS = ("cpu", "opencl", "tflite")
+# Backends a user can name on the command line: described as selectable and importable by name.
+USER_BACKENDS = tuple(name for name, d in DESCRIPTORS.items() if d.selectable and name in BACKENDS)
 
 
 def construct(name: str, cache_dir: Path | None) -> tuple[Backend | None, Availability]:

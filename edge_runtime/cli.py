@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a model file and report latency and outputs")
     run.add_argument("model", type=Path, help="model file (.onnx or .tflite)")
-    run.add_argument("--backend", default="auto", help="auto (default), cpu, opencl or tflite")
+    from edge_runtime.backend_table import USER_BACKENDS  # light: names and descriptors only
+
+    run.add_argument("--backend", default="auto", help=f"auto (default), {', '.join(USER_BACKENDS)}")
     run.add_argument("--input", action="append", default=[], type=_key_value, metavar="NAME=FILE.npy",
                      help="feed input NAME from a .npy file (repeatable); seeded random otherwise")
     run.add_argument("--output", type=Path, help="write the outputs to this .npz file")

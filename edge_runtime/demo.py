@@ -40,6 +40,7 @@ def run_demo(repeat: int = 30, runtime: Any = None) -> tuple[list[dict[str, Any]
     import onnxruntime as ort
 
     from backends.onnx_graph import graph_inputs, load_onnx
+    from backends.descriptors import DESCRIPTORS
     from edge_runtime.backend_table import USER_BACKENDS
     from edge_runtime.feeds import random_feeds
     from edge_runtime.runtime import Runtime
@@ -57,7 +58,7 @@ def run_demo(repeat: int = 30, runtime: Any = None) -> tuple[list[dict[str, Any]
         if not availability.ok:
             rows.append(_row(name, f"unavailable: {availability.reason}"))
             continue
-        if name == "tflite":
+        if not DESCRIPTORS[name].takes("onnx"):
             rows.append(_row(name, f"{availability.device}; runs .tflite models, the demo model is ONNX"))
             continue
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from backends.base import Availability, Backend, CompileOptions, backend_nodes_of
+from backends.descriptors import DESCRIPTORS, descriptor
 from edge_runtime import backend_table
 from edge_runtime.config import RuntimeConfig, runtime_config
 from edge_runtime.errors import (
@@ -30,8 +31,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TFLITE_SUFFIXES = (".tflite", ".lite")
-# Backends that are not accelerators for ONNX plans: the host itself, and TFLite (its own format).
-_NOT_ACCELERATORS = frozenset({"cpu", "tflite", "null"})
+
+
+def _is_accelerator(name: str) -> bool:
+    """Whether backend ``name`` can take ONNX nodes off the host: a GPU backend by its descriptor."""
+    described = descriptor(name)
+    return described is not None and described.device == "gpu" and described.takes("onnx")
+
+
+def _takes(name: str, model_format: str) -> bool:
+    described = descriptor(name)
+    return described is not None and described.takes(model_format)
 
 
 class Runtime:
@@ -49,7 +59,7 @@ class Runtime:
         self.config = config or runtime_config()
         self.profile = profile if profile is not None else probe(
             self.config.probe_root, opencl=self.config.probe_opencl)
-        self.match = match(self.profile)
+        self.match = match(self.profile, known_backends=DESCRIPTORS)
         self._backends: dict[str, tuple[Backend | None, Availability]] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(2, self.threads), thread_name_prefix="edge-runtime")
 
@@ -121,10 +131,12 @@ class Runtime:
         options = options or self.compile_options()
         name = name or path.stem
         if path.suffix.lower() in TFLITE_SUFFIXES:
-            if backend not in ("auto", "tflite") or plan is not None:
-                raise InvalidInputError(f"{path}: a .tflite model runs on the 'tflite' backend, not "
+            if (backend != "auto" and not _takes(backend, "tflite")) or plan is not None:
+                takers = [n for n, d in DESCRIPTORS.items() if d.selectable and d.takes("tflite")]
+                raise InvalidInputError(f"{path}: a .tflite model runs on a backend among {takers}, not "
                                         f"{backend if plan is None else 'plan ' + plan!r}")
-            return self._compile(name, path, path, "tflite", options, "TFLite model", ())
+            chosen = "tflite" if backend == "auto" else backend
+            return self._compile(name, path, path, chosen, options, "TFLite model", ())
         from backends.onnx_graph import load_onnx
 
         proto = load_onnx(path)
@@ -144,7 +156,7 @@ class Runtime:
     def accelerator(self) -> str | None:
         """The first usable backend in the profile's order that can take ONNX nodes besides ``cpu``."""
         for candidate in self.backend_order():
-            if candidate in _NOT_ACCELERATORS:
+            if not _is_accelerator(candidate):
                 continue
             try:
                 usable = self.availability(candidate).ok
@@ -208,8 +220,8 @@ class Runtime:
         specs = tensor_specs(proto)
         tried: list[tuple[str, str]] = []
         for candidate in self.backend_order():
-            if candidate == "tflite":
-                continue  # ONNX models do not run on the TFLite backend
+            if not _takes(candidate, "onnx"):
+                continue  # e.g. the TFLite backend: .tflite files only
             backend_obj, availability = self._backend_entry(candidate)
             if backend_obj is None or not availability.ok:
                 tried.append((candidate, availability.reason))

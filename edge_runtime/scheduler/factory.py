@@ -91,7 +91,10 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
 
 
 def _plan(name: str, model: Any) -> CallablePlan:
-    return CallablePlan(name, tuple(model.backend_nodes), model._run_validated)
+    # The executable's own device wins (a .tflite model on a GPU delegate is a GPU plan); without
+    # one, plan_device derives it from the backends' descriptors.
+    device = getattr(model.executable, "device", "")
+    return CallablePlan(name, tuple(model.backend_nodes), model._run_validated, device=device)
 
 
 def _is_onnx(model: Any) -> bool:

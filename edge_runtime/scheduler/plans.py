@@ -22,9 +22,11 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
-# Backends whose work lands on a GPU; the rest of the backends run on the CPU cores.
-GPU_BACKENDS = frozenset({"opencl", "vulkan", "gpu"})
-CLOUD_BACKENDS = frozenset({"cloud"})
+from backends.descriptors import backends_on
+
+# Read from the backend descriptors: whose work lands on a GPU, on a cloud peer; the rest use the CPU cores.
+GPU_BACKENDS = backends_on("gpu")
+CLOUD_BACKENDS = backends_on("cloud")
 PLAN_KINDS = ("cpu", "gpu", "hybrid")
 
 
