@@ -215,9 +215,9 @@ class Runtime:
         return Model(name, path, executor, report, self._executor)
 
     def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
-        from backends.onnx_graph import tensor_specs
+        from backends.onnx_graph import LazyTensorSpecs
 
-        specs = tensor_specs(proto)
+        specs = LazyTensorSpecs(proto)  # shape inference only if a backend's supports() reads shapes
         tried: list[tuple[str, str]] = []
         for candidate in self.backend_order():
             if not _takes(candidate, "onnx"):
@@ -245,9 +245,9 @@ class Runtime:
         backend_obj = self.backend(backend_name)
         node_count = len(source.graph.node) if hasattr(source, "graph") else 0
         if hasattr(source, "graph"):
-            from backends.onnx_graph import node_label, tensor_specs
+            from backends.onnx_graph import LazyTensorSpecs, node_label
 
-            specs = tensor_specs(source)
+            specs = LazyTensorSpecs(source)  # see _load_auto
             unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node)
                          if not backend_obj.supports(n, specs)]
             if unclaimed:
