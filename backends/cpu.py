@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -70,7 +71,9 @@ class CPUBackend:
             sess_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         else:
             sess_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if cached is not None and _writable_dir(cached.parent):
+            if cached is not None and not _writable_dir(cached.parent):
+                cached = None  # an unwritable cache costs the warm start, never the load
+            if cached is not None:
                 sess_options.optimized_model_filepath = str(cached)
                 # ORT warns that the saved graph may hold hardware-specific (NCHWc) nodes; the
                 # cache key includes the device fingerprint, so that is intended. Errors still show.
@@ -84,11 +87,13 @@ class CPUBackend:
             if source is not model_bytes and cached is not None:
                 # NOTE: a stale or truncated cache entry must never block a load.
                 log.warning("cpu: cached model %s unusable (%s); rebuilding", cached, exc)
-                cached.unlink(missing_ok=True)
+                _discard(cached)
                 return self.compile(proto, options)
-            if sess_options.optimized_model_filepath and options.cache_dir is not None:
-                # NOTE: a full cache disk fails the save of the optimised graph; load without the cache.
-                log.warning("cpu: loading with the model cache failed (%s); loading without it", exc)
+            if cached is not None:
+                # ORT failed while writing the optimised graph (disk full, a read-only file):
+                # load once more without the cache before calling the model broken.
+                log.warning("cpu: cannot write optimised model cache %s (%s); loading without it", cached, exc)
+                _discard(cached)
                 return self.compile(proto, dataclasses.replace(options, cache_dir=None))
             raise ModelLoadError(f"onnxruntime cannot load model: {exc}") from exc
         return CPUExecutable(session, graph_inputs(proto), graph_outputs(proto),
@@ -96,13 +101,22 @@ class CPUBackend:
 
 
 def _writable_dir(directory: Path) -> bool:
-    """Create ``directory`` if needed; False (logged) where the cache cannot be written."""
+    """Create ``directory`` if needed; False (with a warning) when it cannot be written."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
     except OSError as exc:
-        log.warning("cpu: model cache %s not writable (%s); compiling without it", directory, exc)
+        log.warning("cpu: optimised-model cache %s is not writable (%s); loading without it", directory, exc)
         return False
     return True
+
+
+def _discard(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cpu: cannot delete cache entry %s: %s", path, exc)
 
 
 def _cached_model_path(model_bytes: bytes, options: CompileOptions, ort_version: str) -> Path | None:

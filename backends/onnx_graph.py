@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 from backends.base import Dim, ModelSource, TensorSpec
 from backends.errors import ModelLoadError, ModelNotFoundError
@@ -107,3 +107,26 @@ def tensor_specs(model: "onnx.ModelProto") -> dict[str, TensorSpec]:
     for init in model.graph.initializer:
         specs[init.name] = TensorSpec(init.name, numpy_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
     return specs
+
+
+class LazyTensorSpecs(Mapping[str, TensorSpec]):
+    """``tensor_specs(model)``, computed on first lookup: a backend whose ``supports`` reads no shapes
+    (``cpu``) then never pays for shape inference, the largest part of a warm load of a small model."""
+
+    def __init__(self, model: "onnx.ModelProto") -> None:
+        self._model = model
+        self._specs: dict[str, TensorSpec] | None = None
+
+    def _get(self) -> dict[str, TensorSpec]:
+        if self._specs is None:
+            self._specs = tensor_specs(self._model)
+        return self._specs
+
+    def __getitem__(self, name: str) -> TensorSpec:
+        return self._get()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())

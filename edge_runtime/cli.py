@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_convert_arguments(convert)
     convert.set_defaults(handler=_cmd_convert)
+    from edge_runtime.optimize.command import register as register_optimize  # argparse only
+
+    register_optimize(sub)  # quantize, profile
 
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")

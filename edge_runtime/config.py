@@ -154,3 +154,13 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     else:
         return value  # nested types are validated by the dataclass itself
     raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def from_table(cls: type[T], table: Any, name: str, where: str) -> T:
+    """Dataclass ``cls`` from an optional TOML table ``[name]`` of file ``where`` (None: the defaults).
+
+    Raises ConfigError naming the file, the table and the key.
+    """
+    if table is not None and not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    return from_mapping(cls, table or {}, f"{where}: [{name}]")

@@ -240,15 +240,19 @@ class Runtime:
         label = "+".join(executor.backends)
         reason = (f"plan {plan!r}: {len(executor.stages)} stage(s), estimated "
                   f"{layout.partition.latency_s * 1e3:.3f} ms (profile {self.match.name!r})")
+        host_only = planner.unclaimed_ops() if plan != "cpu" else {}
+        if host_only:  # visible: which ops the accelerator left to the host (quantized ops, say)
+            reason += "; on the host, not claimed by the accelerator: " + ", ".join(
+                f"{op} x{n}" for op, n in host_only.items())
         report = LoadReport(label, reason, planner.prepared.original_node_count, executor.backend_nodes, ())
         log.info("loaded %s with %s", path, reason)
         return Model(name, path, executor, report, self._executor, options)
 
     def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
-        from backends.onnx_graph import tensor_specs
+        from backends.onnx_graph import LazyTensorSpecs
         from edge_runtime.engine_choice import cpu_engines
 
-        specs = tensor_specs(proto)
+        specs = LazyTensorSpecs(proto)  # shape inference only if a backend's supports() reads shapes
         raced = cpu_engines()
         tried: list[tuple[str, str]] = []
         for candidate in self.backend_order():
@@ -278,9 +282,9 @@ class Runtime:
         backend_obj = self.backend(backend_name)
         node_count = len(source.graph.node) if hasattr(source, "graph") else 0
         if hasattr(source, "graph"):
-            from backends.onnx_graph import node_label, tensor_specs
+            from backends.onnx_graph import LazyTensorSpecs, node_label
 
-            specs = tensor_specs(source)
+            specs = LazyTensorSpecs(source)  # see _load_auto
             claimed = claimed_indices(backend_obj, source, specs)
             unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node) if i not in claimed]
             if unclaimed:

@@ -128,3 +128,13 @@ class OpenCLExecutable:
             self._closed = True
             self._cache.clear()
             self._consts.clear()
+
+    def profile(self, feeds: Mapping[str, np.ndarray], repeats: int = 5) -> list[dict[str, Any]]:
+        """(optional hook) Per-kernel device time for ``feeds``' shapes: OpenCL event profiling, best of ``repeats``.
+
+        Rows as ``PreparedProgram.profile`` gives them (``label``, ``kernel``, ``shape``, ``best_us``).
+        """
+        key, shapes, values = self.signature(feeds)
+        runner = self.prepare(shapes, values, key)
+        runner.run(feeds)  # the buffers then hold this request's data
+        return runner.profile(repeats)

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from backends.base import Backend, CompileOptions, Executable, backend_nodes_of, claimed_indices
 from backends.errors import BackendError, BackendUnavailableError, ModelLoadError
-from backends.onnx_graph import graph_inputs, graph_outputs, tensor_specs
+from backends.onnx_graph import graph_inputs, graph_outputs, node_label, tensor_specs
 from edge_runtime.planning import partitioner
 from edge_runtime.planning.cost import BackendSpeed, bound_input_shapes, bound_tensor_specs, node_cost, tensor_bytes
 from edge_runtime.planning.executor import CompiledStage, PlanExecutor
 from edge_runtime.planning.graph import GraphView, outer_scope_names, prepare
 from edge_runtime.planning.layout import CostTable, Partition, StageSpec, layout, stage_spec
+from edge_runtime.planning.qdq import qdq_units
 from edge_runtime.planning.stages import StageExtractor
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ class Planner:
         self.view = GraphView(self.prepared.model)
         self.speeds = {name: speeds[name] for name in self.backends}
         self.claims = _claims(self.prepared.model, self.backends)
+        units = qdq_units(self.prepared.model)  # integer kernels on the host only (see planning.qdq)
+        if units and accelerator is not None:
+            self.claims[accelerator] = self.claims[accelerator] - units
         self.table = self._table(input_shapes)
         self._extractor: StageExtractor | None = None
         self._first_reader: dict[str, int] = {}
@@ -109,10 +113,22 @@ class Planner:
         table = self._table(input_shapes)
         return sum(stage_spec(self.view, table, s.backend, s.nodes).est_s for s in plan.partition.stages) * 1e3
 
+    def unclaimed_ops(self) -> dict[str, int]:
+        """Op type -> count of the nodes the accelerator does not claim (they run on the host); {} without one."""
+        if self.accelerator is None:
+            return {}
+        claimed = self.claims[self.accelerator]
+        counts: dict[str, int] = {}
+        for index, node in enumerate(self.prepared.model.graph.node):
+            if index not in claimed:
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
     def describe(self, plan: PlanLayout) -> dict[str, Any]:
         part = plan.partition
         return {"name": plan.name, "backends": list(part.backends), "est_ms": round(part.latency_s * 1e3, 4),
                 "bottleneck_ms": round(part.bottleneck_s * 1e3, 4),
+                "host_only_ops": self.unclaimed_ops() if plan.name != "cpu" else {},
                 "stages": [{**s.to_dict(self.view, self.table),
                             "node_count": len(s.nodes) + self._lifted_owned(s)} for s in part.stages]}
 
@@ -179,9 +195,20 @@ def _on(stage: StageSpec, backend: str) -> StageSpec:
 
 
 def _claims(model: "onnx.ModelProto", backends: Mapping[str, Backend]) -> dict[str, frozenset[int]]:
-    """Indices of the nodes each backend claims, asked with the model's symbolic shapes."""
+    """Indices of the nodes each backend claims, asked with the model's symbolic shapes.
+
+    A backend with the optional whole-graph hook ``unclaimed_nodes(model)`` (OpenCL)
+    is asked that too: a node it claims alone may still be refused in context — a
+    ``Cast`` of an int32 ``ConvInteger`` result is shape arithmetic to ``supports``
+    but runtime integer data to the graph — and such a stage would fail to compile.
+    """
     specs = tensor_specs(model)
-    return {name: _claimed(backend, model, specs) for name, backend in backends.items()}
+    claims = {}
+    for name, backend in backends.items():
+        refused = _refused_in_context(backend, model)
+        claims[name] = frozenset(i for i in _claimed(backend, model, specs)
+                                 if node_label(model.graph.node[i], i) not in refused)
+    return claims
 
 
 def _claimed(backend: Backend, model: "onnx.ModelProto", specs: Mapping[str, Any]) -> frozenset[int]:
@@ -191,6 +218,17 @@ def _claimed(backend: Backend, model: "onnx.ModelProto", specs: Mapping[str, Any
         except Exception as exc:  # a backend's capability check must not break planning
             log.warning("backend %s: claims() raised %s; asking node by node", backend.name, exc)
     return frozenset(i for i, node in enumerate(model.graph.node) if _supports(backend, node, specs))
+
+
+def _refused_in_context(backend: Backend, model: "onnx.ModelProto") -> frozenset[str]:
+    hook = getattr(backend, "unclaimed_nodes", None)
+    if not callable(hook):
+        return frozenset()
+    try:
+        return frozenset(hook(model))
+    except Exception as exc:  # a backend's capability check must not break planning
+        log.warning("backend %s: unclaimed_nodes raised %s; using per-node claims only", backend.name, exc)
+        return frozenset()
 
 
 def _supports(backend: Backend, node: "onnx.NodeProto", specs: Mapping[str, Any]) -> bool:

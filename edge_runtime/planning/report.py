@@ -17,6 +17,9 @@ def format_plans(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"plan {plan['name']}: {' + '.join(plan['backends'])}, est {plan['est_ms']:.3f} ms "
                      f"per request, {plan['bottleneck_ms']:.3f} ms pipelined")
+        if plan.get("host_only_ops"):
+            ops = ", ".join(f"{op} x{n}" for op, n in plan["host_only_ops"].items())
+            lines.append(f"  not claimed by the accelerator (run on the host): {ops}")
         lines.append(f"  {'#':>2}  {'backend':<8} {'nodes':>5} {'est ms':>9} {'copy':>10}  boundary")
         for k, stage in enumerate(plan["stages"]):
             inputs = ", ".join(f"{t['name']} ({_size(t['bytes'])})" for t in stage["inputs"])

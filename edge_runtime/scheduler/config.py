@@ -96,7 +96,8 @@ class ModelConfig:
 
 _SECTIONS = {"scheduler": SchedulerConfig, "batching": BatchingConfig, "queue": QueueConfig}
 # Tables other features own and check themselves (kept in ``extra``); add a feature's table here.
-OTHER_SECTIONS = ("cloud", "serving", "generation")  # [generation]: edge_runtime.generation.settings
+OTHER_SECTIONS = ("cloud", "serving", "generation", "warmup", "result_cache", "shape_buckets")
+# [generation]: edge_runtime.generation.settings; [warmup], [result_cache], [shape_buckets]: edge_runtime.load_extras
 
 
 def model_config(data: Mapping[str, Any] | None = None, where: str = "model config") -> ModelConfig:

@@ -19,6 +19,9 @@ intra_op_threads = 0
 [load]                      # the server's one LoadMonitor (edge_runtime.load_monitor.LoadConfig)
 sample_interval_ms = 250
 pin_gpu_busy = 0.9          # override a reading (operators, tests): pin_cpu_busy, pin_mem_used_fraction
+[memory]                    # daemon-wide budget (edge_runtime.memory_budget.MemoryConfig)
+budget_bytes = 0            # 0 = none; else idle models are unloaded, least recently used first
+lazy_load = false           # true: a model loads on its first request
 [cloud]                     # the cloud peer every model may use (edge_runtime.cloud.config.CloudConfig)
 url = "https://inference.example.com"
 token_env = "EDGE_RUNTIME_CLOUD_TOKEN"
@@ -42,8 +45,9 @@ from edge_runtime.cloud.config import CloudConfig, cloud_config
 from edge_runtime.config import RuntimeConfig, from_mapping, load_toml, runtime_config
 from edge_runtime.errors import ConfigError
 from edge_runtime.load_monitor import LoadConfig, load_config
+from edge_runtime.memory_budget import MemoryConfig, memory_config
 
-TABLES = ("cloud", "load", "runtime", "server")
+TABLES = ("cloud", "load", "memory", "runtime", "server")
 
 MIB = 1024 * 1024
 
@@ -89,6 +93,7 @@ class Settings:
     runtime: RuntimeConfig
     load: LoadConfig = field(default_factory=LoadConfig)
     cloud: CloudConfig | None = None  # None: no cloud peer configured
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  # [memory]: budget, lazy load
 
 
 def is_loopback(host: str) -> bool:
@@ -134,7 +139,8 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
             f"{server.token_env} environment variable (clients then send 'Authorization: Bearer <token>')")
     cloud = cloud_config(document["cloud"], env=env, where=where) if "cloud" in document else None
     return Settings(server, runtime_config(document.get("runtime", {}), env=env, where=where),
-                    load_config(document.get("load"), where=where), cloud)
+                    load_config(document.get("load"), where=where), cloud,
+                    memory_config(document.get("memory"), where))
 
 
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:

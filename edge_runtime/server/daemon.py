@@ -47,7 +47,7 @@ async def serve(settings: Settings) -> int:
         if config.model_repository is None:
             log.info("no --model-repository: serving the demo model as 'demo'")
         repository = ModelRepository(root, runtime, load=settings.load, cloud=settings.cloud,
-                                     drain_timeout_s=config.drain_timeout_s)
+                                     drain_timeout_s=config.drain_timeout_s, memory=settings.memory)
         app = create_app(config, repository)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.drain_timeout_s,
                                access_log=logging.getLogger("edge_runtime.server.access"))

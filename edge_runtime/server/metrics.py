@@ -25,6 +25,7 @@ them the same). Our own counters are typed counters (``edge_runtime_plan_total``
 | edge_runtime_load_pinned{reading} | 1 for each reading an operator pinned (``[load] pin_*``) |
 | edge_runtime_memory_used_bytes, edge_runtime_memory_total_bytes, edge_runtime_load1 | device memory and load average (psutil) |
 | edge_runtime_async_tasks{status} | async tasks kept now |
+| edge_runtime_result_cache_*, edge_runtime_model_memory_bytes, edge_runtime_memory_budget_* | see ``residency_metrics`` |
 
 The load gauges show the LoadMonitor's latest reading, the very numbers the
 scheduling policies decide on; a reading the device cannot give is left out.
@@ -78,6 +79,9 @@ class ServerCollector:
         yield from self._cloud()
         yield from self._load()
         yield from self._device()
+        from edge_runtime.server.residency_metrics import residency_metrics
+
+        yield from residency_metrics(self._repository)  # result cache, memory budget
 
     def _items(self) -> list[tuple[tuple[str, str], "VersionStats"]]:
         for served in self._repository.served():  # served versions show zeros before their first request

@@ -150,8 +150,19 @@ async def model_stats(request: web.Request) -> web.Response:
     else:
         versions = state.repository.served()
     return _json({"model_stats": [{**state.stats.triton(v.name, str(v.version)),
-                                   "memory_usage": [{"type": "CPU", "id": 0, "byte_size": v.memory_bytes}]}
+                                   "memory_usage": [{"type": "CPU", "id": 0, "byte_size": v.memory_bytes}],
+                                   **_residency(state, v)}
                                   for v in versions]})
+
+
+def _residency(state: ServerState, version: Any) -> dict[str, Any]:
+    """Our additions to a version's Triton statistics: memory charge, warm-up, result cache."""
+    charged, measured = state.repository.budget.owner_bytes(version.name)
+    extras = version.extras
+    return {"edge_runtime": {
+        "memory_bytes": {"charged": charged, "measured": measured},
+        "warmup": extras.warmup.to_dict() if extras is not None else None,
+        "result_cache": extras.result_cache.snapshot() if extras is not None and extras.result_cache else None}}
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -159,6 +170,7 @@ async def infer(request: web.Request) -> web.Response:
     started_ns = inference.now_ns()
     name, version = request.match_info["model"], request.match_info.get("version")
     body = await _body(request)
+    await state.repository.ensure_loaded(name)  # [memory] lazy_load, or unloaded by the budget
     lease = state.regions.lease()
     try:
         try:

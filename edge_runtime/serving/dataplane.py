@@ -27,8 +27,10 @@ Outcome ``parameters`` (strings, integers, booleans): ``plan``, ``backends``
 ``fallback`` (why the first plan, stage or route did not answer) and ``route``
 (the cloud router's reason).
 
-Hooks for later features (a result cache, warm-up, memory budgets) wrap
-``run`` or read ``resolve``; the call's arguments and the outcome stay as above.
+``run`` also holds the model busy for the memory budget (never unloaded while a
+request is in flight), pads feeds to the model's shape buckets and answers from
+its result cache when one is configured (``edge_runtime.load_extras``); a
+cache hit says ``plan: result_cache``.
 """
 
 from __future__ import annotations
@@ -152,9 +154,8 @@ class DataPlane:
         """Queue, wait, count; raises what the dispatcher raises (QueueFullError, DeadlineExceededError, ...)."""
         target = prepared.target
         try:
-            answer = await target.dispatcher.infer(prepared.feeds, priority=prepared.priority,
-                                                   timeout_ms=prepared.timeout_ms, request_id=prepared.request_id,
-                                                   validated=True)
+            with self.repository.budget.using(target.name):  # never unloaded while this request is in flight
+                answer = await _answer(target, prepared)
         except BaseException as exc:
             self.record_failure(target, exc, prepared.started_ns)
             raise
@@ -172,6 +173,24 @@ class DataPlane:
         """Count a failed request of ``target`` (the transport's own failures too: decoding, encoding)."""
         self.stats.record_failure(target.name, str(target.version), failure_reason(exc),
                                   time.perf_counter_ns() - started_ns)
+
+
+async def _answer(target: LoadedVersion, prepared: PreparedInference) -> Answer:
+    """The dispatcher's answer, or the version's result cache's (``edge_runtime.result_cache``), for the
+    feeds padded to their shape buckets (``edge_runtime.shape_buckets``)."""
+    extras = target.extras
+    cache = extras.result_cache if extras is not None else None
+    feeds = extras.buckets.apply(prepared.feeds) if extras is not None else prepared.feeds  # [shape_buckets]
+    key = cache.key(target.name, target.version, feeds) if cache is not None else b""
+    stored = cache.get(key) if cache is not None else None
+    if stored is not None:
+        return Answer(InferenceResult(stored, "result_cache", (), 0.0, 0.0, 1, prepared.request_id), "local",
+                      "result_cache")
+    answer = await target.dispatcher.infer(feeds, priority=prepared.priority, timeout_ms=prepared.timeout_ms,
+                                           request_id=prepared.request_id, validated=True)
+    if cache is not None:
+        cache.put(key, answer.result.outputs)  # successes only: a failure raised above
+    return answer
 
 
 def _outcome(target: LoadedVersion, answer: Answer) -> InferenceOutcome:

@@ -45,7 +45,9 @@ from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_n
 
 if TYPE_CHECKING:
     from edge_runtime.cloud.config import CloudConfig
+    from edge_runtime.load_extras import VersionExtras
     from edge_runtime.load_monitor import LoadConfig
+    from edge_runtime.memory_budget import MemoryConfig
     from edge_runtime.model import Model
     from edge_runtime.runtime import Runtime
     from edge_runtime.scheduler.plans import Plan
@@ -65,6 +67,7 @@ class LoadedVersion:
     config: ModelConfig
     serving: ServingConfig
     memory_bytes: int = 0  # resident bytes its load added (at least the model file's size)
+    extras: "VersionExtras | None" = None  # warm-up report and result cache (edge_runtime.load_extras)
 
     @property
     def scheduler(self) -> ModelScheduler | None:
@@ -86,8 +89,12 @@ class ModelRepository:
 
     def __init__(self, root: Path, runtime: "Runtime", *, load: "LoadConfig | None" = None,
                  cloud: "CloudConfig | None" = None, extra_plans: PlansFor | None = None,
-                 drain_timeout_s: float = 10.0) -> None:
+                 drain_timeout_s: float = 10.0, memory: "MemoryConfig | None" = None) -> None:
+        from edge_runtime.memory_budget import MemoryBudget, MemoryConfig
+
         self.root = Path(root)
+        self.memory = memory or MemoryConfig()
+        self.budget = MemoryBudget(self.memory.budget_bytes)  # see edge_runtime.memory_budget
         self.runtime = runtime
         self._load_config = load
         self._cloud_config = cloud
@@ -98,6 +105,7 @@ class ModelRepository:
         self._failures: dict[str, str] = {}  # model -> why its last load failed
         self._lock = asyncio.Lock()  # one load/unload at a time: compiles compete for the same cores
         self._retiring: set[asyncio.Task] = set()
+        self._lazy_loads: dict[str, asyncio.Future] = {}
 
     # -- what is on disk ---------------------------------------------------------------
     def names_on_disk(self) -> list[str]:
@@ -142,6 +150,9 @@ class ModelRepository:
 
     async def load_all(self) -> None:
         """Load every model on disk; a model that fails is logged and listed in the index, not fatal."""
+        if self.memory.lazy_load:
+            log.info("[memory] lazy_load: models load on their first request")
+            return
         for name in self.names_on_disk():
             try:
                 await self.load(name)
@@ -154,10 +165,12 @@ class ModelRepository:
         self.start()
         async with self._lock:
             try:
+                need = self._make_room(name)
                 fresh = await asyncio.to_thread(self._compile, name)
             except EdgeRuntimeError as exc:
                 self._failures[name] = str(exc)
                 raise
+            self.budget.charge(name, need, sum(v.memory_bytes for v in fresh.values()))
             for loaded in fresh.values():
                 await loaded.dispatcher.start()
             old = self._served.get(name, {})
@@ -175,6 +188,7 @@ class ModelRepository:
             old = self._served.pop(name, None)
             if old is None:
                 raise ModelNotFoundError(f"model {name!r} is not loaded; served models: {sorted(self._served)}")
+            self.budget.release(name)
             self._retire(old.values())
             log.info("model %s: unloaded", name)
 
@@ -202,6 +216,34 @@ class ModelRepository:
         if self.services is not None:
             await asyncio.to_thread(self.services.close)
             self.services = None
+
+    async def ensure_loaded(self, name: str) -> None:
+        """Load ``name`` now if it is on disk, not served, and the memory settings load lazily
+        (``lazy_load``, or a budget that unloaded it); otherwise do nothing (``get`` then answers)."""
+        if name in self._served or not (self.memory.lazy_load or self.memory.budget_bytes):
+            return
+        if not MODEL_NAME.fullmatch(name) or not self.versions_on_disk(name):
+            return
+        # One load per model however many requests arrive while it compiles; each waits for it.
+        task = self._lazy_loads.get(name)
+        if task is None:
+            task = asyncio.ensure_future(self.load(name))
+            self._lazy_loads[name] = task
+            task.add_done_callback(lambda _: self._lazy_loads.pop(name, None))
+        await asyncio.shield(task)
+
+    def _make_room(self, name: str) -> int:
+        """``name``'s budget charge, after unloading idle models (LRU) so it fits; QueueFullError if it cannot."""
+        from edge_runtime.load_extras import footprint_bytes
+
+        _, _, selected = self._read(name)
+        need = footprint_bytes((model_file(self.root / name / str(v)) for v in selected), self.memory.footprint_factor)
+        for victim in self.budget.make_room(need, name):
+            log.warning("memory budget: unloading idle model %s to load %s", victim, name)
+            self._failures[victim] = "unloaded to fit the memory budget; it loads again on its next request"
+            self.budget.release(victim)
+            self._retire(self._served.pop(victim, {}).values())
+        return need
 
     # -- internals ---------------------------------------------------------------------
     def _compile(self, name: str) -> dict[int, LoadedVersion]:
@@ -250,7 +292,16 @@ class ModelRepository:
         except BaseException:
             model.close()
             raise
-        return LoadedVersion(name, version, model, dispatcher, config, serving)
+        try:
+            from edge_runtime.load_extras import prepare_version
+
+            plans = dispatcher.scheduler.plans if dispatcher.scheduler is not None else {}
+            extras = prepare_version(plans, model.inputs, config.extra, str(self.root / name / "config.toml"))
+        except BaseException:
+            dispatcher.discard()
+            model.close()
+            raise
+        return LoadedVersion(name, version, model, dispatcher, config, serving, extras=extras)
 
     def _read(self, name: str) -> tuple[ModelConfig, ServingConfig, list[int]]:
         directory = self.root / name

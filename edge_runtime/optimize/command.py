@@ -1,0 +1,123 @@
+"""The ``quantize`` and ``profile`` subcommands: arguments, and thin layers over the library.
+
+``register(sub)`` adds both to the ``edge-runtime`` parser. Only argparse is
+imported at module level, so building the parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+PLAN_CHOICES = ("cpu", "gpu", "hybrid", "auto")
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    quantize = sub.add_parser("quantize", help="int8 (dynamic / static QDQ) or fp16 copy of an ONNX model, "
+                                               "with its accuracy and speed against fp32")
+    quantize.add_argument("model", type=Path, help="fp32 ONNX model")
+    quantize.add_argument("--mode", choices=("dynamic", "static", "fp16"), required=True,
+                          help="dynamic int8, static int8 (QDQ, calibrated) or fp16")
+    quantize.add_argument("--out", type=Path, required=True, metavar="PATH", help="write the converted model here")
+    quantize.add_argument("--calibration", type=Path, metavar="DIR_OF_NPY",
+                          help="calibration/report samples: one .npy (single input) or .npz (per input) per file; "
+                               "default: 16 seeded random samples")
+    quantize.add_argument("--plan", choices=PLAN_CHOICES, action="append", default=None,
+                          help="time on this plan (repeatable; default: every plan this device has)")
+    quantize.add_argument("--rounds", type=int, default=5, help="timing rounds, best of each (default 5)")
+    quantize.add_argument("--json", action="store_true", help="print the report as JSON")
+    quantize.set_defaults(handler=run_quantize)
+
+    profile = sub.add_parser("profile", help="per-node time of one run of a model, top costs first")
+    profile.add_argument("model", type=Path, help="ONNX model")
+    profile.add_argument("--plan", choices=PLAN_CHOICES, default="cpu", help="plan to profile (default cpu)")
+    profile.add_argument("--repeat", type=int, default=10, help="profiled runs; times are averaged (default 10)")
+    profile.add_argument("--top", type=int, default=20, help="rows to print (default 20; --json has all)")
+    profile.add_argument("--json", action="store_true", help="print the profile as JSON")
+    profile.set_defaults(handler=run_profile)
+
+
+class _Progress:
+    """A tqdm bar on stderr where tqdm is installed, else one line per tenth."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._total = 0
+        self._done = 0
+
+    def total(self, count: int) -> None:
+        self._total = count
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=count, desc="calibrating", unit="sample", file=sys.stderr)
+
+    def step(self) -> None:
+        self._done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+        elif self._total and self._done % max(1, self._total // 10) == 0:
+            print(f"calibrating: {self._done}/{self._total}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from edge_runtime.errors import InvalidInputError
+    from edge_runtime.optimize.workflow import convert
+    from edge_runtime.runtime import Runtime
+
+    if not args.model.is_file():
+        raise InvalidInputError(f"model file not found: {args.model}")
+    if args.rounds < 1:
+        raise InvalidInputError(f"--rounds must be >= 1, got {args.rounds}")
+    runtime = Runtime()
+    progress = _Progress()
+    try:
+        report = convert(runtime, args.model, args.out, args.mode, calibration=args.calibration, plans=args.plan,
+                         rounds=args.rounds, on_sample=progress.step, on_total=progress.total)
+    finally:
+        progress.close()
+        runtime.close()
+    data = report.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{args.mode}: wrote {data['out']} ({data['out_bytes']} bytes, {data['size_ratio']}x of fp32)")
+    print(f"accuracy vs fp32 on {data['samples_from']} samples (plan cpu):")
+    for drift in data["accuracy"]:
+        top1 = "" if drift["top1_agreement"] is None else f", top-1 agreement {drift['top1_agreement']:.2%}"
+        print(f"  {drift['name']}: max abs {drift['max_abs']:.3g}, mean abs {drift['mean_abs']:.3g}"
+              f" ({drift['max_rel_range']:.2%} of range){top1}")
+    print("speed (best of rounds, median ms):")
+    for speed in data["speed"]:
+        print(f"  {speed['plan']}: fp32 {speed['reference_ms']:.3f} ms, {args.mode} {speed['candidate_ms']:.3f} ms,"
+              f" {speed['speedup']:.2f}x")
+    for failed in data["plan_errors"]:
+        print(f"  {failed['plan']}: cannot load the converted model: {failed['error']}")
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from edge_runtime.errors import InvalidInputError
+    from edge_runtime.optimize.profiler import format_profile, profile_model
+    from edge_runtime.runtime import Runtime
+
+    if args.repeat < 1 or args.top < 1:
+        raise InvalidInputError("--repeat and --top must be >= 1")
+    runtime = Runtime()
+    try:
+        profile = profile_model(runtime, args.model, args.plan, repeat=args.repeat)
+    finally:
+        runtime.close()
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+    else:
+        print(format_profile(profile, args.top))
+    return 0

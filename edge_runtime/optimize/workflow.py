@@ -1,0 +1,94 @@
+"""``convert``: quantize a model, then report its drift against fp32 and its speed on each plan.
+
+The one function the ``quantize`` command and the benchmarks call. Both
+models are loaded through the ``Runtime`` (so "each plan" means what ``run
+--plan`` means); the accuracy oracle is the fp32 model on the ``cpu`` plan,
+which is plain ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from edge_runtime.errors import EdgeRuntimeError, ModelLoadError
+from edge_runtime.optimize.calibration import Sample, load_samples, seeded_samples
+from edge_runtime.optimize.quantize import QuantizeResult, int8_settings, quantize_model
+from edge_runtime.optimize.report import OutputDrift, PlanSpeed, accuracy_report, speed_report
+
+if TYPE_CHECKING:
+    from edge_runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """The conversion, its drift per output (on the ``cpu`` plan) and per-plan speed."""
+
+    result: QuantizeResult
+    samples_from: str  # the calibration folder, or "seeded"
+    drift: tuple[OutputDrift, ...]
+    speed: tuple[PlanSpeed, ...]
+    plan_errors: tuple[tuple[str, str], ...] = ()  # plans that could not load the converted model
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.result.to_dict(), "samples_from": self.samples_from,
+                "accuracy": [d.to_dict() for d in self.drift], "speed": [s.to_dict() for s in self.speed],
+                "plan_errors": [{"plan": p, "error": e} for p, e in self.plan_errors]}
+
+
+def convert(runtime: "Runtime", source: Path, out: Path, mode: str, *, calibration: Path | None = None,
+            plans: Sequence[str] | None = None, seeded_count: int = 16, rounds: int = 5, runs_per_round: int = 10,
+            on_sample: Callable[[], None] | None = None, on_total: Callable[[int], None] | None = None) -> ConversionReport:
+    """Quantize ``source`` to ``out`` and report (see module docstring).
+
+    ``plans`` default: every plan this device has. ``on_total`` is told how
+    many calibration samples follow, ``on_sample`` is called per sample read.
+    Raises what ``quantize_model`` and ``Runtime.load`` raise.
+    """
+    from backends.onnx_graph import graph_inputs, load_onnx
+
+    specs = graph_inputs(load_onnx(source))
+    samples: list[Sample] = load_samples(calibration, specs) if calibration else seeded_samples(specs, seeded_count)
+    if on_total is not None and mode == "static":
+        on_total(len(samples))
+    cpu = runtime.profile.get("cpu", {})
+    settings = int8_settings(cpu.get("features", []), platform.machine())
+    result = quantize_model(source, out, mode, settings=settings, samples=samples, on_sample=on_sample)
+    # The drift is measured on `cpu` (plain ONNX Runtime), so it is always among the plans.
+    names = ["cpu", *[p for p in (plans or _available_plans(runtime, source)) if p != "cpu"]]
+    pairs: dict[str, tuple[Any, Any]] = {}
+    errors: list[tuple[str, str]] = []
+    loaded = []
+    try:
+        for plan in names:
+            reference = runtime.load(source, plan=plan)
+            loaded.append(reference)
+            try:
+                candidate = runtime.load(out, plan=plan)
+            except EdgeRuntimeError as exc:  # reported per plan; the other plans still run
+                log.warning("quantize: plan %s cannot load %s: %s", plan, out, exc)
+                errors.append((plan, f"{type(exc).__name__}: {exc}"))
+                continue
+            loaded.append(candidate)
+            pairs[plan] = (reference.run, candidate.run)
+        if "cpu" not in pairs:
+            raise ModelLoadError(f"quantize: the converted model does not load on plan 'cpu': {errors[0][1]}")
+        drift = accuracy_report(*pairs["cpu"], samples)
+        speed = speed_report(pairs, samples[0], rounds, runs_per_round)
+    finally:
+        for model in loaded:
+            model.close()
+    return ConversionReport(result, str(calibration) if calibration else "seeded", tuple(drift), tuple(speed),
+                            tuple(errors))
+
+
+def _available_plans(runtime: "Runtime", source: Path) -> list[str]:
+    """``cpu``, plus the accelerator plans where one is usable."""
+    if runtime.accelerator() is None:
+        return ["cpu"]
+    return list(runtime.planner(source).available())
