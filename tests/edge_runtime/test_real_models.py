@@ -13,6 +13,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+pytestmark = pytest.mark.aarch64
+
 
 def _ocr_models() -> dict[str, Path]:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")

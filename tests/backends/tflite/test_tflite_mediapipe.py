@@ -25,7 +25,7 @@ import pytest
 from backends.base import CompileOptions, DelegateSpec
 from backends.tflite import TFLiteBackend
 
-pytestmark = pytest.mark.requires_litert
+pytestmark = [pytest.mark.requires_litert, pytest.mark.aarch64]
 
 MODELS = {  # file name -> what it is, for the report
     "iris_landmark.tflite": "float32",
