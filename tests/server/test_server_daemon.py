@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import aiohttp
 import numpy as np
@@ -30,6 +32,18 @@ def start_server(repository: Path, cache: Path, port: int) -> subprocess.Popen:
                "--model-repository", str(repository)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+
+
+@contextlib.contextmanager
+def serving(repository: Path, cache: Path, port: int) -> Iterator[subprocess.Popen]:
+    """``start_server``, killed on the way out unless the test ended it."""
+    process = start_server(repository, cache, port)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 async def wait_ready(session: aiohttp.ClientSession, base: str, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + 120
@@ -124,8 +138,7 @@ def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path
     write(repository / "mlp" / "1" / "model.onnx", build_mlp(seed=2))
     (repository / "mlp" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
     port = free_port()
-    process = start_server(repository, tmp_path / "cache", port)
-    try:
+    with serving(repository, tmp_path / "cache", port) as process:
         client = triton.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=30, network_timeout=120)
         deadline = time.monotonic() + 240  # an emulated arm64 interpreter takes a while to import
         while not _ready(client):
@@ -141,10 +154,6 @@ def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path
         client.close()
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
 
