@@ -11,10 +11,21 @@ Required::
     supports(node, shapes) -> bool        can this ONNX node run here?
     compile(model, options) -> Executable whole model or extracted subgraph
 
+Optional (``Backend``)::
+
+    claims(model, shapes) -> frozenset[int]   (optional) default: supports() per node
+                                    (the whole-graph answer, where the engine places a graph at once)
+
 Optional (``Executable``)::
 
     backend_nodes: dict[str, int]   (optional) default: {backend name: node count}
     describe() -> dict              (optional) default: {"backend": name}
+    device: str                     (optional) default: the descriptor's ``device``
+                                    (a TFLite model on a GPU delegate says "gpu")
+
+Every backend is described once by a :class:`BackendDescriptor`
+(``backends.descriptors``); the scheduler, planner, catalogue check and CLI read
+that instead of keeping their own lists.
 """
 
 from __future__ import annotations
@@ -33,6 +44,42 @@ Dim = Union[int, str, None]
 
 ModelSource = Union["onnx.ModelProto", str, os.PathLike]
 """What ``compile`` takes: an in-memory ONNX model or a model file path."""
+
+
+DEVICE_KINDS = ("cpu", "gpu", "cloud")
+MODEL_FORMATS = ("onnx", "tflite")
+
+
+@dataclass(frozen=True)
+class BackendDescriptor:
+    """Static facts about one backend, readable without importing it.
+
+    ``device``: where its work lands by default (one of DEVICE_KINDS); an
+    executable may say otherwise through its optional ``device`` attribute.
+    ``api``: the native interface it drives ("onnxruntime", "opencl", "vulkan",
+    "litert", "ncnn", ...). ``formats``: model files it compiles (MODEL_FORMATS).
+    ``thread_safe``: one executable may be run from several threads at once.
+    ``selectable``: a user may name it (``--backend``, ``backend = ...``); test
+    stand-ins and stage labels such as ``cloud`` are not.
+    """
+
+    name: str
+    device: str
+    api: str
+    formats: tuple[str, ...]
+    thread_safe: bool = False
+    selectable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICE_KINDS:
+            raise ValueError(f"backend {self.name!r}: device must be one of {DEVICE_KINDS}, got {self.device!r}")
+        unknown = [f for f in self.formats if f not in MODEL_FORMATS]
+        if unknown or not self.formats:
+            raise ValueError(f"backend {self.name!r}: formats must be from {MODEL_FORMATS}, got {self.formats!r}")
+
+    def takes(self, model_format: str) -> bool:
+        """Whether this backend compiles models of ``model_format`` ("onnx", "tflite")."""
+        return model_format in self.formats
 
 
 @dataclass(frozen=True)
@@ -126,6 +173,14 @@ class Backend(Protocol):
     def compile(self, model: ModelSource, options: CompileOptions) -> Executable:
         """Compile a model; raises UnsupportedNodesError, ModelLoadError or BackendError."""
         ...
+
+
+def claimed_indices(backend: Backend, model: "onnx.ModelProto", shapes: Mapping[str, TensorSpec]) -> frozenset[int]:
+    """Indices of ``model``'s nodes that ``backend`` takes: its optional ``claims``, else ``supports`` per node."""
+    claims = getattr(backend, "claims", None)
+    if callable(claims):
+        return frozenset(claims(model, shapes))
+    return frozenset(i for i, node in enumerate(model.graph.node) if backend.supports(node, shapes))
 
 
 def backend_nodes_of(executable: Executable, default_backend: str, node_count: int) -> dict[str, int]:

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     import onnx
 
 
-# Exporters write these for "unknown"; they name no dimension shared between tensors.
+# Exporters write these for "unknown"; they name no dimension shared between tensors. paddle2onnx,
+# tf2onnx and older exporters also store dynamic dims as ``dim_value`` -1 or 0, read as unknown too.
 _ANONYMOUS_DIMS = frozenset({"", "?", "-1", "None", "unk"})
 
 
@@ -57,7 +58,7 @@ def value_info_spec(value_info: "onnx.ValueInfoProto") -> TensorSpec:
     tensor_type = value_info.type.tensor_type
     dims: list[Dim] = []
     for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
             dims.append(int(dim.dim_value))
         elif dim.HasField("dim_param") and dim.dim_param not in _ANONYMOUS_DIMS:
             dims.append(dim.dim_param)

@@ -15,6 +15,11 @@ Entry format (key = file stem)::
     [thresholds]                       # and any other tables: passed on as hints
     gpu_busy_threshold = 0.7
 
+Backend names are plain strings here: ``device_profiles`` knows no backends.
+The runtime passes the names its backend descriptors know (``known_backends``)
+so a misspelled backend is caught at load; without them any lowercase
+identifier is accepted.
+
 Matching is deterministic: among entries whose rules all hold, the highest
 ``priority`` wins, then the one with more rules, then the first name.
 """
@@ -24,10 +29,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from device_profiles.delegates import is_delegate_name
 from device_profiles.rules import check, profile_facts, rule_error
@@ -35,7 +41,9 @@ from device_profiles.rules import check, profile_facts, rule_error
 log = logging.getLogger(__name__)
 
 PACKAGED_CATALOG = Path(__file__).resolve().parent / "catalog"
-KNOWN_BACKENDS = ("cpu", "opencl", "vulkan", "tflite")
+_BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# Backend names whose presence depends on a device API the probe reports.
+_API_FACTS = (("opencl", "has_opencl"), ("vulkan", "has_vulkan"))
 _RESERVED = ("description", "priority", "match", "backends")
 
 
@@ -62,8 +70,8 @@ class ProfileMatch:
 
     ``backend_order`` is the entry's order filtered for this device: it always
     contains "cpu" (the fallback that is always there); "opencl"/"vulkan" are
-    dropped when the probe found no such device at all (a software device such
-    as PoCL or lavapipe keeps them). ``hints`` is the rest of the TOML
+    dropped when the probe found no such device at all (PoCL keeps "opencl");
+    "vulkan" is also dropped when its only devices are software ones (lavapipe). ``hints`` is the rest of the TOML
     (delegate, thresholds, …); ``hints["delegate"]["present"]`` says whether the
     probe found the delegate library.
     """
@@ -78,20 +86,29 @@ class ProfileMatch:
                 "hints": self.hints}
 
 
-def load_catalog(catalog_dir: str | os.PathLike | None = None) -> dict[str, CatalogEntry]:
+def load_catalog(catalog_dir: str | os.PathLike | None = None,
+                 known_backends: Collection[str] | None = None) -> dict[str, CatalogEntry]:
     """Every ``*.toml`` in ``catalog_dir`` (None = the packaged catalogue), by name.
 
+    ``known_backends`` (optional) default: any lowercase identifier is a backend name.
     Raises CatalogError naming the file and the offending key when a file is
-    malformed, or when the directory holds no entry.
+    malformed (a backend outside ``known_backends`` included), or when the
+    directory holds no entry.
     """
     directory = Path(catalog_dir) if catalog_dir is not None else PACKAGED_CATALOG
-    entries = {path.stem: _parse(path) for path in sorted(directory.glob("*.toml"))}
+    entries = {path.stem: _parse(path, known_backends) for path in sorted(directory.glob("*.toml"))}
     if not entries:
         raise CatalogError(f"catalogue {directory}: no *.toml entries")
     return entries
 
 
-def _parse(path: Path) -> CatalogEntry:
+def _is_backend(name: Any, known_backends: Collection[str] | None) -> bool:
+    if not isinstance(name, str) or not _BACKEND_NAME.fullmatch(name):
+        return False
+    return known_backends is None or name in known_backends
+
+
+def _parse(path: Path, known_backends: Collection[str] | None) -> CatalogEntry:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -104,8 +121,9 @@ def _parse(path: Path) -> CatalogEntry:
         if (problem := rule_error(rule, expected)) is not None:
             raise CatalogError(f"{where}: [match] {problem}")
     order = (data.get("backends") or {}).get("order")
-    if not isinstance(order, list) or not order or not all(b in KNOWN_BACKENDS for b in order):
-        raise CatalogError(f"{where}: [backends] order must list backends from {KNOWN_BACKENDS}, got {order!r}")
+    if not isinstance(order, list) or not order or not all(_is_backend(b, known_backends) for b in order):
+        known = sorted(known_backends) if known_backends is not None else "lowercase identifiers"
+        raise CatalogError(f"{where}: [backends] order must list backends ({known}), got {order!r}")
     if "cpu" not in order or len(set(order)) != len(order):
         raise CatalogError(f"{where}: [backends] order must name 'cpu' and no backend twice, got {order!r}")
     priority = data.get("priority", 0)
@@ -130,14 +148,15 @@ def _check_delegate(where: str, delegate: Any) -> None:
         raise CatalogError(f"{where}: [delegate] options must be a table of strings, got {options!r}")
 
 
-def match(profile: dict, catalog_dir: str | os.PathLike | None = None) -> ProfileMatch:
+def match(profile: dict, catalog_dir: str | os.PathLike | None = None,
+          known_backends: Collection[str] | None = None) -> ProfileMatch:
     """The catalogue entry that fits ``profile`` best, with the reasons and the filtered backend order.
 
-    Raises CatalogError when the catalogue is malformed or no entry matches
+    ``known_backends``: see :func:`load_catalog`. Raises CatalogError when the catalogue is malformed or no entry matches
     (the packaged catalogue has a catch-all, ``generic``).
     """
     facts = profile_facts(profile)
-    entries = load_catalog(catalog_dir)
+    entries = load_catalog(catalog_dir, known_backends)
     held: dict[str, list[str]] = {}
     rejected: list[str] = []
     for name, entry in entries.items():
@@ -164,10 +183,15 @@ def _effective_order(entry: CatalogEntry, profile: dict, facts: dict) -> tuple[t
     """The entry's backend order filtered for this device, hints with delegate presence, and notes."""
     order = list(entry.backend_order)
     notes: list[str] = []
-    for backend, fact in (("opencl", "has_opencl"), ("vulkan", "has_vulkan")):
+    for backend, fact in _API_FACTS:
         if backend in order and not facts[fact]:
             order.remove(backend)
             notes.append(f"{backend} dropped: the probe found no {backend} device")
+    if "vulkan" in order and not facts["has_vulkan_gpu"]:
+        # NOTE: a software Vulkan device (lavapipe, SwiftShader) runs 20-45x slower than the CPU
+        # itself: never chosen automatically, only when asked for by name.
+        order.remove("vulkan")
+        notes.append("vulkan dropped: only software Vulkan devices (used only when asked for by name)")
     hints = copy.deepcopy(entry.hints)
     delegate = hints.get("delegate")
     if delegate:

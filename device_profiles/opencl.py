@@ -2,7 +2,10 @@
 
 On the real root with pyopencl importable the platforms are enumerated;
 otherwise (fake trees, Android without an ICD loader setup) devices are
-inferred from vendor libraries on disk. A software device (PoCL on CPU
+inferred from vendor libraries on disk. The API is asked in a short-lived
+subprocess (``print_enumeration``): an ICD loader and its
+drivers (PoCL brings LLVM and libclang: tens of MiB) must not stay mapped in
+a process that only probes, such as a daemon serving CPU models. A software device (PoCL on CPU
 cores, llvmpipe, SwiftShader, clvk on lavapipe, rusticl on llvmpipe) is
 reported with ``software=True`` and ``type="cpu"``, never as a GPU: it
 shares the cores ONNX Runtime would use and is slower than it there.
@@ -10,8 +13,12 @@ shares the cores ONNX Runtime would use and is slower than it there.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from device_profiles import _fs
@@ -86,6 +93,34 @@ def _enumerate_pyopencl() -> tuple[list[dict], list[dict]] | None:
     return platforms, devices
 
 
+_CHILD = "from device_profiles.opencl import print_enumeration; print_enumeration()"
+ENUMERATE_TIMEOUT_S = 30.0  # a driver that hangs while listing devices must not hang the probe
+
+
+def _enumerate_in_subprocess() -> tuple[list[dict], list[dict]] | None:
+    """``_enumerate_pyopencl`` in a child process (see the module docstring); None when it fails."""
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                              timeout=ENUMERATE_TIMEOUT_S, env=env, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("OpenCL enumeration subprocess failed: %s", exc)
+        return None
+    if done.returncode != 0:
+        log.warning("OpenCL enumeration subprocess exited %d: %s", done.returncode, done.stderr.strip()[-300:])
+        return None
+    try:
+        document = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
+    except json.JSONDecodeError as exc:
+        log.warning("OpenCL enumeration subprocess printed no JSON: %s", exc)
+        return None
+    if document is None:
+        return None
+    return document["platforms"], document["devices"]
+
+
 def _library_devices(root: str | os.PathLike, libraries: list[str], icd_files: list[str], gpu: dict) -> list[dict]:
     """Devices inferred without asking the API: a vendor library means the SoC's GPU."""
     devices = []
@@ -122,7 +157,7 @@ def read_opencl(root: str | os.PathLike, gpu: dict, is_android: bool, *, use_api
     vendor_libs = [p for p in VENDOR_LIBRARIES if _fs.is_file(root, p)]
     loaders = [p for pattern in LOADER_GLOBS for p in _fs.glob(root, pattern)]
     libraries = vendor_libs + loaders
-    found = _enumerate_pyopencl() if use_api and _fs.is_host(root) else None
+    found = _enumerate_in_subprocess() if use_api and _fs.is_host(root) else None
     platforms, devices = found if found else ([], [])
     source = "pyopencl" if devices else "none"
     if not devices:
@@ -133,3 +168,9 @@ def read_opencl(root: str | os.PathLike, gpu: dict, is_android: bool, *, use_api
         icd_hint = f"OCL_ICD_FILENAMES={vendor_libs[0]}"
     return {"icd_files": icd_files, "libraries": libraries, "platforms": platforms, "devices": devices,
             "source": source, "icd_hint": icd_hint}
+
+
+def print_enumeration() -> None:
+    """The child of ``_enumerate_in_subprocess``: one JSON line (null without pyopencl or a loader)."""
+    found = _enumerate_pyopencl()
+    print(json.dumps(None if found is None else {"platforms": found[0], "devices": found[1]}))

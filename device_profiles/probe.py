@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 PROFILE_VERSION = 1
 
 
+def litert_gpu_accelerator(arch: str | None, features: list[str]) -> dict:
+    """Whether LiteRT's Linux GPU accelerator can run on this CPU: its aarch64 build needs dotprod (asimddp)."""
+    if arch == "aarch64":
+        usable = "dotprod" in features
+        return {"usable": usable, "why": "asimddp (dotprod) present" if usable else
+                "no asimddp (dotprod): LiteRT's aarch64 GPU accelerator would die with SIGILL"}
+    return {"usable": arch == "x86_64", "why": f"built for x86_64 and aarch64; this CPU is {arch}"}
+
+
 def probe(root: str | os.PathLike = "/", *, opencl: bool = True) -> dict:
     """Facts about the device whose filesystem is at ``root``.
 
@@ -46,6 +55,7 @@ def probe(root: str | os.PathLike = "/", *, opencl: bool = True) -> dict:
     gpu = detect_gpu(root, android)
     cl = read_opencl(root, gpu, is_android, use_api=opencl)
     vk = read_vulkan(root)
+    vk["litert_gpu_accelerator"] = litert_gpu_accelerator(arch, cpu.get("features") or [])
     kernel = _fs.read_line(root, "/proc/sys/kernel/osrelease") or (platform.release() if host else None)
     profile = {
         "profile_version": PROFILE_VERSION,

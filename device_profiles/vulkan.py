@@ -1,4 +1,10 @@
-"""Vulkan facts: loader, ICD manifests / Android HAL drivers, devices via ``vulkaninfo``."""
+"""Vulkan facts: loader, ICD manifests / Android HAL drivers, devices, and ``/sys/class/drm``.
+
+On the real root devices come from the loader itself, asked in a child process
+(``vulkan_loader``), else from ``vulkaninfo --summary``. A software device
+(``VK_PHYSICAL_DEVICE_TYPE_CPU``, or lavapipe/llvmpipe/SwiftShader by name) is
+``software: true`` and never counts as a GPU.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import subprocess
 
 from device_profiles import _fs
 from device_profiles.gpu import is_software_name
+from device_profiles.vulkan_loader import query_devices
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,24 @@ def _run_vulkaninfo() -> list[dict] | None:
     return parse_vulkaninfo_summary(done.stdout)
 
 
+def classify_loader_devices(devices: list[dict]) -> list[dict]:
+    """Loader records (see vulkan_loader) with ``software`` set and software devices typed ``cpu``."""
+    classified = []
+    for device in devices:
+        software = device.get("type") == "cpu" or is_software_name(device.get("name"), device.get("driver"))
+        classified.append({**device, "type": "cpu" if software else device.get("type", "other"),
+                           "software": software})
+    return classified
+
+
+def read_drm(root: str | os.PathLike) -> dict:
+    """``{present, cards, drivers}`` of ``/sys/class/drm``: where ONNX Runtime looks for GPUs on Linux."""
+    cards = sorted(os.path.basename(p) for p in _fs.glob(root, "/sys/class/drm/card*") if "-" not in os.path.basename(p))
+    drivers = sorted({_fs.parse_props(_fs.read_text(root, f"/sys/class/drm/{c}/device/uevent")).get("DRIVER", "")
+                      for c in cards} - {""})
+    return {"present": _fs.exists(root, "/sys/class/drm"), "cards": cards, "drivers": drivers}
+
+
 def _android_driver_devices(drivers: list[str]) -> list[dict]:
     devices = []
     for path in drivers:
@@ -75,19 +100,26 @@ def _android_driver_devices(drivers: list[str]) -> list[dict]:
 
 
 def read_vulkan(root: str | os.PathLike) -> dict:
-    """``{loader, icd_files, drivers, devices, source}``.
+    """``{loader, icd_files, drivers, devices, source, drm}``.
 
-    On the real root devices come from ``vulkaninfo --summary`` when that
-    binary exists ("vulkaninfo"); otherwise from Android HAL driver files
+    On the real root devices come from the loader in a child process
+    ("loader"), else ``vulkaninfo --summary`` ("vulkaninfo"); otherwise from Android HAL driver files
     ``vulkan.<name>.so`` ("drivers"); "none" when neither says anything.
     """
     loaders = [p for p in LOADER_PATHS if _fs.is_file(root, p)]
     loaders += [p for pattern in LOADER_GLOBS for p in _fs.glob(root, pattern)]
     icd_files = [p for pattern in ICD_GLOBS for p in _fs.glob(root, pattern)]
     drivers = [p for pattern in ANDROID_DRIVER_GLOBS for p in _fs.glob(root, pattern)]
-    devices = _run_vulkaninfo() if _fs.is_host(root) and loaders else None
-    source = "vulkaninfo" if devices else "none"
+    devices, source = None, "none"
+    if _fs.is_host(root) and loaders:
+        found, note = query_devices()
+        if found is not None:
+            devices, source = classify_loader_devices(found), "loader"
+        else:
+            log.info("vulkan: %s; trying vulkaninfo", note)
+            devices = _run_vulkaninfo()
+            source = "vulkaninfo" if devices else "none"
     if not devices and drivers:
         devices, source = _android_driver_devices(drivers), "drivers"
     return {"loader": loaders[0] if loaders else None, "icd_files": icd_files, "drivers": drivers,
-            "devices": devices or [], "source": source}
+            "devices": devices or [], "source": source, "drm": read_drm(root)}

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from backends.base import Availability, Backend
+from backends.descriptors import DESCRIPTORS
 
 log = logging.getLogger(__name__)
 
@@ -18,11 +19,14 @@ BACKENDS: dict[str, str] = {
     "cpu": "backends.cpu:CPUBackend",
     "opencl": "backends.opencl:OpenCLBackend",
     "tflite": "backends.tflite:TFLiteBackend",
+    "vulkan": "backends.vulkan:VulkanBackend",
+    "ncnn": "backends.ncnn:NcnnBackend",
+    "ncnn_vulkan": "backends.ncnn:NcnnVulkanBackend",
     "null": "backends.null:NullBackend",
 }
 
-# Backends a user can name on the command line; "null" is a test fake.
-USER_BACKENDS = ("cpu", "opencl", "tflite")
+# Backends a user can name on the command line: described as selectable and importable by name.
+USER_BACKENDS = tuple(name for name, d in DESCRIPTORS.items() if d.selectable and name in BACKENDS)
 
 
 def construct(name: str, cache_dir: Path | None) -> tuple[Backend | None, Availability]:

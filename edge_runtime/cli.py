@@ -1,4 +1,4 @@
-"""``edge-runtime`` command line: probe, demo, run, serve.
+"""``edge-runtime`` command line: probe, demo, run, plan, split, convert, serve.
 
 The spellings here are a contract other tools and checks rely on; see README.
 Each subcommand is a thin layer over the library and returns an exit code:
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a model file and report latency and outputs")
     run.add_argument("model", type=Path, help="model file (.onnx or .tflite)")
-    run.add_argument("--backend", default="auto", help="auto (default), cpu, opencl or tflite")
+    from edge_runtime.backend_table import USER_BACKENDS  # light: names and descriptors only
+
+    run.add_argument("--backend", default="auto", help=f"auto (default), {', '.join(USER_BACKENDS)}")
     run.add_argument("--input", action="append", default=[], type=_key_value, metavar="NAME=FILE.npy",
                      help="feed input NAME from a .npy file (repeatable); seeded random otherwise")
     run.add_argument("--output", type=Path, help="write the outputs to this .npz file")
@@ -76,6 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_split_arguments(split)
     split.set_defaults(handler=_cmd_split)
+
+    generate = sub.add_parser("generate", help="generate text with a decoder LLM folder (optimum export)")
+    from edge_runtime.generation.command import add_generate_arguments  # argparse only: cheap to import
+
+    add_generate_arguments(generate)
+    generate.set_defaults(handler=_cmd_generate)
+    convert = sub.add_parser("convert", help="convert an ONNX model for ncnn (pnnx) into the cache, gated")
+    from edge_runtime.convert_command import add_convert_arguments  # argparse only: cheap to import
+
+    add_convert_arguments(convert)
+    convert.set_defaults(handler=_cmd_convert)
 
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
@@ -138,12 +151,26 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from edge_runtime.demo import format_table, run_demo
 
-    rows, chosen = run_demo(repeat=args.repeat)
+    from edge_runtime.generation.command import format_generation, generation_demo
+    from edge_runtime.runtime import Runtime
+
+    runtime = Runtime()
+    try:
+        rows, chosen = run_demo(repeat=args.repeat, runtime=runtime)
+        generation = generation_demo(runtime)
+    finally:
+        runtime.close()
     if args.json:
-        _print_json({"rows": rows, "auto_backend": chosen})
+        _print_json({"rows": rows, "auto_backend": chosen, "generation": generation})
     else:
-        print(format_table(rows, chosen))
+        print(format_table(rows, chosen) + format_generation(generation))
     return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from edge_runtime.generation.command import run_generate
+
+    return run_generate(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -192,6 +219,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "outputs": {name: {"shape": list(a.shape), "dtype": a.dtype.name} for name, a in outputs.items()},
         "load": model.describe(),
     }
+    # fp32 unless configured (runtime.precision / EDGE_RUNTIME_PRECISION); a backend that ran fp16
+    # reports the drift it measured against fp32 on the CPU.
+    result["precision"] = result["load"]["executable"].get("precision") or {"mode": options.precision}
     if args.json:
         _print_json(result)
     else:
@@ -244,3 +274,9 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from edge_runtime.cloud.command import run_split
 
     return run_split(args)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from edge_runtime.convert_command import run_convert
+
+    return run_convert(args)

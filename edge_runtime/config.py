@@ -38,7 +38,8 @@ class RuntimeConfig:
     ``intra_op_threads`` 0 means "usable cores from the device profile"
     (cgroup quota respected). ``probe_root`` lets tests probe a fake tree.
     ``delegates`` are TFLite external delegates to try, in order, before the
-    catalogue's suggestion.
+    catalogue's suggestion. ``backend_order`` (e.g. ``("ncnn", "cpu")``)
+    replaces the matched catalogue entry's backend order.
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -47,10 +48,17 @@ class RuntimeConfig:
     probe_root: str = "/"
     probe_opencl: bool = True
     delegates: tuple[DelegateSpec, ...] = ()
+    backend_order: tuple[str, ...] = ()  # overrides the catalogue's order when not empty
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "fp16"):
             raise ConfigError(f"runtime.precision must be 'fp32' or 'fp16', got {self.precision!r}")
+        from backends.descriptors import DESCRIPTORS
+
+        unknown = [b for b in self.backend_order if b not in DESCRIPTORS or not DESCRIPTORS[b].selectable]
+        if unknown:
+            selectable = sorted(n for n, d in DESCRIPTORS.items() if d.selectable)
+            raise ConfigError(f"runtime.backend_order names unknown backend(s) {unknown}; known: {selectable}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"runtime.intra_op_threads must be >= 0, got {self.intra_op_threads}")
 
@@ -61,6 +69,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, Any]] = {
     "EDGE_RUNTIME_THREADS": ("intra_op_threads", int),
     "EDGE_RUNTIME_PRECISION": ("precision", str),
     "EDGE_RUNTIME_PROBE_ROOT": ("probe_root", str),
+    "EDGE_RUNTIME_BACKENDS": ("backend_order", lambda v: [b.strip() for b in v.split(",") if b.strip()]),
 }
 
 

@@ -40,6 +40,7 @@ def run_demo(repeat: int = 30, runtime: Any = None) -> tuple[list[dict[str, Any]
     import onnxruntime as ort
 
     from backends.onnx_graph import graph_inputs, load_onnx
+    from backends.descriptors import DESCRIPTORS
     from edge_runtime.backend_table import USER_BACKENDS
     from edge_runtime.feeds import random_feeds
     from edge_runtime.runtime import Runtime
@@ -52,12 +53,18 @@ def run_demo(repeat: int = 30, runtime: Any = None) -> tuple[list[dict[str, Any]
     expected = baseline.run(None, feeds)[0]
     rows = [_row("onnxruntime (baseline)", "plain InferenceSession",
                  summarise_ms(measure_ms(lambda: baseline.run(None, feeds), repeat)), 0.0)]
+    automatic = runtime.backend_order()
     for name in USER_BACKENDS:
+        if name not in automatic:
+            # e.g. vulkan on lavapipe only: a software device is used only when asked for by name.
+            why = next((r for r in runtime.match.reasons if r.startswith(f"{name} dropped")), "not in the profile")
+            rows.append(_row(name, f"not used automatically ({why}); try: edge-runtime run MODEL --backend {name}"))
+            continue
         availability = runtime.availability(name)
         if not availability.ok:
             rows.append(_row(name, f"unavailable: {availability.reason}"))
             continue
-        if name == "tflite":
+        if not DESCRIPTORS[name].takes("onnx"):
             rows.append(_row(name, f"{availability.device}; runs .tflite models, the demo model is ONNX"))
             continue
         try:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backends.base import Executable, TensorSpec, describe_of
+from backends.base import CompileOptions, Executable, TensorSpec, describe_of
 from edge_runtime.validation import validate_feeds
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,11 @@ class Model:
     """
 
     def __init__(self, name: str, path: Path, executable: Executable, report: LoadReport,
-                 executor: Executor) -> None:
+                 executor: Executor, options: CompileOptions | None = None) -> None:
         self.name = name
         self.path = path
         self.report = report
+        self.options = options  # what it was compiled with (threads, spinning), when known
         self._executable = executable
         self._executor = executor
         self._lock = None if getattr(executable, "thread_safe", False) else threading.Lock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -9,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from backends.base import Availability, Backend, CompileOptions, backend_nodes_of
+from backends.base import Availability, Backend, CompileOptions, backend_nodes_of, claimed_indices
+from backends.descriptors import DESCRIPTORS, descriptor
 from edge_runtime import backend_table
 from edge_runtime.config import RuntimeConfig, runtime_config
 from edge_runtime.errors import (
@@ -23,6 +25,8 @@ from edge_runtime.errors import (
 from edge_runtime.model import LoadReport, Model
 
 if TYPE_CHECKING:
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.planning.cost import BackendSpeed
     from edge_runtime.planning.executor import PlanExecutor
     from edge_runtime.planning.plans import Planner
@@ -30,8 +34,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TFLITE_SUFFIXES = (".tflite", ".lite")
-# Backends that are not accelerators for ONNX plans: the host itself, and TFLite (its own format).
-_NOT_ACCELERATORS = frozenset({"cpu", "tflite", "null"})
+
+
+def _is_accelerator(name: str) -> bool:
+    """Whether backend ``name`` can take ONNX nodes off the host: a GPU backend by its descriptor."""
+    described = descriptor(name)
+    return described is not None and described.device == "gpu" and described.takes("onnx")
+
+
+def _takes(name: str, model_format: str) -> bool:
+    described = descriptor(name)
+    return described is not None and described.takes(model_format)
 
 
 class Runtime:
@@ -49,7 +62,7 @@ class Runtime:
         self.config = config or runtime_config()
         self.profile = profile if profile is not None else probe(
             self.config.probe_root, opencl=self.config.probe_opencl)
-        self.match = match(self.profile)
+        self.match = match(self.profile, known_backends=DESCRIPTORS)
         self._backends: dict[str, tuple[Backend | None, Availability]] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(2, self.threads), thread_name_prefix="edge-runtime")
 
@@ -72,7 +85,8 @@ class Runtime:
 
     def backend_order(self) -> list[str]:
         """The matched profile's backend order, then ``cpu`` if the profile left it out."""
-        order = [b for b in self.match.backend_order if b in backend_table.BACKENDS]
+        preferred = self.config.backend_order or self.match.backend_order
+        order = [b for b in preferred if b in backend_table.BACKENDS]
         return order if "cpu" in order else [*order, "cpu"]
 
     def _backend_entry(self, name: str) -> tuple[Backend | None, Availability]:
@@ -114,6 +128,8 @@ class Runtime:
         InvalidInputError (both a backend and a plan named).
         """
         path = Path(path)
+        if path.is_dir():
+            return self.load_generative(path, name)
         if not path.is_file():
             raise ModelNotFoundError(f"model file not found: {path}")
         if plan is not None and backend != "auto":
@@ -121,10 +137,12 @@ class Runtime:
         options = options or self.compile_options()
         name = name or path.stem
         if path.suffix.lower() in TFLITE_SUFFIXES:
-            if backend not in ("auto", "tflite") or plan is not None:
-                raise InvalidInputError(f"{path}: a .tflite model runs on the 'tflite' backend, not "
+            if (backend != "auto" and not _takes(backend, "tflite")) or plan is not None:
+                takers = [n for n, d in DESCRIPTORS.items() if d.selectable and d.takes("tflite")]
+                raise InvalidInputError(f"{path}: a .tflite model runs on a backend among {takers}, not "
                                         f"{backend if plan is None else 'plan ' + plan!r}")
-            return self._compile(name, path, path, "tflite", options, "TFLite model", ())
+            chosen = "tflite" if backend == "auto" else backend
+            return self._compile(name, path, path, chosen, options, "TFLite model", ())
         from backends.onnx_graph import load_onnx
 
         proto = load_onnx(path)
@@ -132,6 +150,19 @@ class Runtime:
             return self._compile(name, path, proto, backend, options, "requested", ())
         if plan is not None:
             return self._load_plan(name, path, proto, plan, options, input_shapes)
+        from edge_runtime.engine_choice import engine_for
+
+        choice = engine_for(self, proto, options, input_shapes)
+        if choice is not None and choice.backend != "cpu":
+            return self._compile(name, path, proto, choice.backend, options, choice.reason, ())
+        model = self._load_default(name, path, proto, options, input_shapes)
+        if choice is not None:  # say why the other CPU engines lost
+            lost = tuple((n, choice.reason) for n in choice.raced)
+            model.report = dataclasses.replace(model.report, tried=(*model.report.tried, *lost))
+        return model
+
+    def _load_default(self, name: str, path: Path, proto: Any, options: CompileOptions,
+                      input_shapes: Mapping[str, Sequence[int]] | None) -> Model:
         if self.accelerator() is not None:
             try:
                 return self._load_plan(name, path, proto, "auto", options, input_shapes)
@@ -140,11 +171,26 @@ class Runtime:
                 log.warning("plan 'auto' for %s failed (%s); placing the whole model instead", path, exc)
         return self._load_auto(name, path, proto, options)
 
+    def load_generative(self, folder: str | os.PathLike, name: str | None = None,
+                        settings: "GenerationSettings | None" = None) -> "GenerativeModel":
+        """Load a decoder LLM folder (``optimum`` layout, see ``edge_runtime.generation``).
+
+        Raises ModelNotFoundError (no such folder, or not a generative one), ModelLoadError.
+        """
+        from edge_runtime.generation.folder import is_generative_folder
+        from edge_runtime.generation.model import load_generative
+
+        folder = Path(folder)
+        if not is_generative_folder(folder):
+            raise ModelNotFoundError(f"{folder} is not a generative model folder: expected tokenizer.json with "
+                                     "model.onnx + config.json (optimum) or genai_config.json")
+        return load_generative(folder, name, settings, threads=self.threads)
+
     # -- plans across backends (edge_runtime.planning) -------------------------------
     def accelerator(self) -> str | None:
         """The first usable backend in the profile's order that can take ONNX nodes besides ``cpu``."""
         for candidate in self.backend_order():
-            if candidate in _NOT_ACCELERATORS:
+            if not _is_accelerator(candidate):
                 continue
             try:
                 usable = self.availability(candidate).ok
@@ -196,21 +242,24 @@ class Runtime:
                   f"{layout.partition.latency_s * 1e3:.3f} ms (profile {self.match.name!r})")
         report = LoadReport(label, reason, planner.prepared.original_node_count, executor.backend_nodes, ())
         log.info("loaded %s with %s", path, reason)
-        return Model(name, path, executor, report, self._executor)
+        return Model(name, path, executor, report, self._executor, options)
 
     def _load_auto(self, name: str, path: Path, proto: Any, options: CompileOptions) -> Model:
         from backends.onnx_graph import tensor_specs
+        from edge_runtime.engine_choice import cpu_engines
 
         specs = tensor_specs(proto)
+        raced = cpu_engines()
         tried: list[tuple[str, str]] = []
         for candidate in self.backend_order():
-            if candidate == "tflite":
-                continue  # ONNX models do not run on the TFLite backend
+            if not _takes(candidate, "onnx") or candidate in raced:
+                continue  # TFLite takes .tflite files only; ncnn was raced against cpu (engine_choice)
             backend_obj, availability = self._backend_entry(candidate)
             if backend_obj is None or not availability.ok:
                 tried.append((candidate, availability.reason))
                 continue
-            unclaimed = [n for n in proto.graph.node if not backend_obj.supports(n, specs)]
+            claimed = claimed_indices(backend_obj, proto, specs)
+            unclaimed = [n for i, n in enumerate(proto.graph.node) if i not in claimed]
             if unclaimed:
                 tried.append((candidate, f"cannot take {len(unclaimed)} node(s), e.g. {unclaimed[0].op_type}"))
                 continue
@@ -232,15 +281,15 @@ class Runtime:
             from backends.onnx_graph import node_label, tensor_specs
 
             specs = tensor_specs(source)
-            unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node)
-                         if not backend_obj.supports(n, specs)]
+            claimed = claimed_indices(backend_obj, source, specs)
+            unclaimed = [node_label(n, i) for i, n in enumerate(source.graph.node) if i not in claimed]
             if unclaimed:
                 raise UnsupportedNodesError(backend_name, unclaimed)
         executable = backend_obj.compile(source, options)
         counts = backend_nodes_of(executable, backend_name, node_count)
         report = LoadReport(backend_name, reason, node_count or sum(counts.values()), counts, tried)
         log.info("loaded %s on %s (%s)", path, backend_name, reason)
-        return Model(name, path, executable, report, self._executor)
+        return Model(name, path, executable, report, self._executor, options)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

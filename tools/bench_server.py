@@ -1,35 +1,43 @@
-"""Benchmark: the HTTP server against in-process ONNX Runtime on the same model.
+"""Benchmark: the daemon against a KServe ``ModelServer`` and in-process ONNX Runtime, on real OCR models.
 
-Starts ``python -m edge_runtime serve`` in a subprocess on 127.0.0.1 (a free
-port, ``tools/cloud_peer.py``) serving the demo CNN (``model_zoo.build_mobilenet``, input [1, 3, 64, 64])
-on the ``cpu`` backend, so both sides run the same ONNX Runtime kernels, and
-measures with ``tools/loadgen.py``:
+Workloads (PP-OCR models from the ``rapidocr-onnxruntime`` wheel, read as files):
 
-* overhead at concurrency 1: server p50 (binary and JSON tensors) minus the p50
-  of ``InferenceSession.run`` called in a loop in this process;
-* throughput at concurrency 16: server requests/s (without and with the
-  scheduler's dynamic batching) vs 16 threads calling ``session.run`` on one
-  shared session;
-* server RSS (psutil on the PID started here): idle after load, and peak under load.
+* ``cls``: the text-direction classifier, input ``x`` FP32 ``[1, 3, 48, 192]``, served
+  with ``[batching] max_batch_size = 16``;
+* ``det``: the text detector at a screenshot-sized ``[1, 3, 640, 640]`` FP32 input (4.9 MB).
 
-Prints JSON (with ratios) and writes ``bench_server.json`` and ``bench_server.png``
-to ``--out``. Bounded: about ``6 * duration_s`` plus start-up (~55 s by default). The load
-generator runs on the same machine and competes with the server for cores.
+Sides, measured in one run with the sides interleaved in every round and the
+best of the rounds kept (this machine's speed drifts within a minute):
 
-    python tools/bench_server.py --out bench-results
+* c=16 throughput on ``cls``: edge-runtime (binary tensors, batching on) vs the
+  KServe peer (``tools/kserve_peer.py``, run by ``--kserve-python``, binary
+  tensors) vs plain in-process ORT answering one request at a time;
+* c=1 p50 on ``cls`` (binary HTTP) and on ``det`` (shared memory through
+  tritonclient, and binary HTTP beside it) vs in-process ORT's p50;
+* in-process ORT runs twice per round, with its default (spinning) session and
+  with spinning off; each ratio's baseline is the better of the two in this run;
+* edge-runtime's RSS idle (models loaded, warmed up) and its peak under load; the peer's too.
+
+Per-phase breakdown of the daemon's time (mean per request): ``queue`` and
+``compute`` from each response's parameters, ``decode``/``encode`` by timing the
+same codec calls on the same bodies in this process, ``transport`` the rest
+(client, HTTP, event loop). Prints JSON and writes ``bench_server.json`` and
+``bench_server.png`` to ``--out``. About 3 minutes by default, ~1 with ``--quick``.
+
+    python tools/bench_server.py --kserve-python /work/venvs/kserve/bin/python --out bench-results
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,151 +48,205 @@ for path in (ROOT, ROOT / "tools"):
     if str(path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(path))
 
-from cloud_peer import ServerProcess  # noqa: E402  (needs the path above)
-from loadgen import run_load  # noqa: E402
+from bench_server_sides import (  # noqa: E402  (needs the path above)
+    RssSampler,
+    closed_loop,
+    codec_phases_us,
+    ocr_model,
+    ort_loop,
+    plot,
+    request_body,
+    shm_loop,
+)
+from cloud_peer import ServerProcess, free_port  # noqa: E402
 
-MODEL = "demo"
-BATCHED = "demo_batched"  # the same model with dynamic batching (max_batch_size 16)
-
-
-def build_repository(root: Path) -> Path:
-    import onnx
-
-    from edge_runtime.model_zoo import build_mobilenet
-
-    model = build_mobilenet()
-    for name, batching in ((MODEL, ""), (BATCHED, "[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 2000\n")):
-        (root / name / "1").mkdir(parents=True)
-        onnx.save(model, str(root / name / "1" / "model.onnx"))
-        (root / name / "config.toml").write_text(
-            f'[serving]\nbackend = "cpu"\n[queue]\nmax_queue_size = 256\n{batching}')
-    return root / MODEL / "1" / "model.onnx"
+CLS_SHAPE, DET_SHAPE = (1, 3, 48, 192), (1, 3, 640, 640)
+CLS_CONFIG = ('[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 1000\n[queue]\nmax_queue_size = 256\n'
+              '[serving]\nbackend = "cpu"\n')
+DET_CONFIG = '[serving]\nbackend = "cpu"\n'
 
 
-class RssSampler:
-    """Peak resident memory of one process, sampled every 50 ms in a thread."""
-
-    def __init__(self, pid: int) -> None:
-        import psutil
-
-        self._process = psutil.Process(pid)
-        self.peak_bytes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def rss_bytes(self) -> int:
-        return int(self._process.memory_info().rss)
-
-    def __enter__(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes, self.rss_bytes())
-            self._stop.wait(0.05)
+def build_repository(root: Path) -> dict[str, Path]:
+    paths = {}
+    for name, kind, config in (("cls", "cls", CLS_CONFIG), ("det", "det", DET_CONFIG)):
+        folder = root / f"only-{name}" / name
+        (folder / "1").mkdir(parents=True)
+        target = folder / "1" / "model.onnx"
+        target.write_bytes(ocr_model(kind).read_bytes())
+        (folder / "config.toml").write_text(config)
+        paths[name] = target
+    return paths
 
 
-def ort_baseline(model_path: Path, duration_s: float, threads: int) -> dict[str, Any]:
-    """Plain ONNX Runtime: latencies with one caller, and throughput with ``threads`` callers."""
+class KServePeer:
+    """``tools/kserve_peer.py`` in KServe's own Python, serving ``cls``."""
+
+    def __init__(self, python: str, model: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log, "w")
+        self.process = subprocess.Popen(
+            [python, str(ROOT / "tools" / "kserve_peer.py"), "--model", str(model), "--name", "cls",
+             "--port", str(self.port), "--grpc-port", str(free_port())],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "0"})
+        self._wait_ready(90.0)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"kserve peer exited {self.process.returncode}; see {self._log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/models/cls/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise SystemExit(f"kserve peer not ready in {timeout_s:.0f} s; see {self._log.name}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+
+
+def best(rounds: list[dict[str, Any]], key: str, metric: str, lower: bool) -> dict[str, Any]:
+    """The round whose ``metric`` is best for side ``key``."""
+    chosen = [r[key] for r in rounds if key in r]
+    return (min if lower else max)(chosen, key=lambda entry: entry[metric])
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-    feed = {"input": np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)}
-    for _ in range(5):
-        session.run(None, feed)
+    paths = build_repository(tmp / "repository")  # only-cls/cls and only-det/det
+    rng = np.random.default_rng(0)
+    cls_x = rng.random(CLS_SHAPE, dtype=np.float32)
+    det_x = rng.random(DET_SHAPE, dtype=np.float32)
+    sessions = {name: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+                for name, path in paths.items()}
+    # The same session without spinning pool threads: on a loaded box the faster of the two; the
+    # baseline of every ratio is whichever of both settings did better in this run.
+    quiet = ort.SessionOptions()
+    quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    calm = {name: ort.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"])
+            for name, path in paths.items()}
+    # Two daemons, one CPU model each: the cls daemon's RSS is "one CPU model" (the RSS goal's setting).
+    # EDGE_RUNTIME_THREADS=0: every usable core, as the in-process session gets.
+    env = {"EDGE_RUNTIME_CACHE": str(tmp / "cache"), "EDGE_RUNTIME_THREADS": "0"}
+    edge = ServerProcess.start(tmp / "repository" / "only-cls", tmp / "edge.log", timeout_s=120, env=env)
+    edge_det = ServerProcess.start(tmp / "repository" / "only-det", tmp / "edge-det.log", timeout_s=120, env=env)
+    kserve = KServePeer(args.kserve_python, paths["cls"], tmp / "kserve.log") if args.kserve_python else None
+    cls_body = request_body("x", cls_x)
+    det_body = request_body("x", det_x)
+    warm = 1.0 if args.quick else 2.0
+    try:
+        edge_rss, kserve_rss = RssSampler(edge.process.pid), RssSampler(kserve.process.pid) if kserve else None
+        for url, model, body in ((edge.url, "cls", cls_body), (edge_det.url, "det", det_body)):
+            asyncio.run(closed_loop(url, model, body, 4 if model == "cls" else 1, warm))
+        if kserve:
+            asyncio.run(closed_loop(kserve.url, "cls", cls_body, 4, warm))
+        idle = {"edge": edge_rss.rss_mib(), "kserve": kserve_rss.rss_mib() if kserve_rss else None}
+        rounds = []
+        with contextlib.ExitStack() as samplers:
+            for sampler in (edge_rss, kserve_rss):
+                if sampler is not None:
+                    samplers.enter_context(sampler)
+            for index in range(args.rounds):
+                sides: list[tuple[str, Any]] = [
+                    ("c16_edge", lambda: asyncio.run(closed_loop(edge.url, "cls", cls_body, 16, args.duration_s))),
+                    ("c16_ort", lambda: ort_loop(sessions["cls"], {"x": cls_x}, args.duration_s)),
+                    ("c1_cls_edge", lambda: asyncio.run(closed_loop(edge.url, "cls", cls_body, 1, args.duration_s))),
+                    ("c1_cls_ort", lambda: ort_loop(sessions["cls"], {"x": cls_x}, args.duration_s)),
+                    ("c1_det_shm", lambda: shm_loop(edge_det.url, "det", det_x, args.det_duration_s)),
+                    ("c1_det_binary", lambda: asyncio.run(closed_loop(edge_det.url, "det", det_body, 1,
+                                                                      args.det_duration_s))),
+                    ("c1_det_ort", lambda: ort_loop(sessions["det"], {"x": det_x}, args.det_duration_s)),
+                    ("c16_ort_nospin", lambda: ort_loop(calm["cls"], {"x": cls_x}, args.duration_s)),
+                    ("c1_cls_ort_nospin", lambda: ort_loop(calm["cls"], {"x": cls_x}, args.duration_s)),
+                    ("c1_det_ort_nospin", lambda: ort_loop(calm["det"], {"x": det_x}, args.det_duration_s)),
+                ]
+                if kserve:
+                    sides.insert(1, ("c16_kserve", lambda: asyncio.run(
+                        closed_loop(kserve.url, "cls", cls_body, 16, args.duration_s))))
+                shift = index % len(sides)  # a different side goes first in every round
+                rounds.append({name: measure() for name, measure in sides[shift:] + sides[:shift]})
+        peak = {"edge": edge_rss.peak_mib, "kserve": kserve_rss.peak_mib if kserve_rss else None}
+    finally:
+        edge.stop()
+        edge_det.stop()
+        if kserve:
+            kserve.stop()
+    return summarise(rounds, idle, peak, cls_body, det_body, sessions, cls_x, det_x)
 
-    def loop(stop_at: float) -> list[float]:
-        samples = []
-        while time.monotonic() < stop_at:
-            started = time.perf_counter()
-            session.run(None, feed)
-            samples.append((time.perf_counter() - started) * 1e3)
-        return samples
 
-    single = loop(time.monotonic() + duration_s)
-    started = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        counts = [len(s) for s in pool.map(loop, [started + duration_s] * threads)]
-    elapsed = time.monotonic() - started
-    return {"p50_ms": round(float(np.percentile(single, 50)), 3), "p95_ms": round(float(np.percentile(single, 95)), 3),
-            "rps_c1": round(len(single) / duration_s, 2), "rps_c16": round(sum(counts) / elapsed, 2)}
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    names = ["ORT in-process", "server binary", "server JSON"]
-    p50 = [result["onnxruntime"]["p50_ms"], result["server_c1_binary"]["latency_ms"]["p50"],
-           result["server_c1_json"]["latency_ms"]["p50"]]
-    p95 = [result["onnxruntime"]["p95_ms"], result["server_c1_binary"]["latency_ms"]["p95"],
-           result["server_c1_json"]["latency_ms"]["p95"]]
-    x = np.arange(len(names))
-    left.bar(x - 0.2, p50, 0.4, label="p50")
-    left.bar(x + 0.2, p95, 0.4, label="p95")
-    left.set_xticks(x, names)
-    left.set_ylabel("ms per request (concurrency 1)")
-    left.legend()
-    right.bar(["ORT 16 threads", "server c=16", "server c=16\nbatching 16"],
-              [result["onnxruntime"]["rps_c16"], result["server_c16"]["rps"], result["server_c16_batched"]["rps"]])
-    right.set_ylabel("requests/s (concurrency 16)")
-    figure.suptitle("edge-runtime server vs plain ONNX Runtime (demo CNN, batch 1)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+def summarise(rounds: list[dict[str, Any]], idle: dict, peak: dict, cls_body: Any, det_body: Any,
+              sessions: dict, cls_x: np.ndarray, det_x: np.ndarray) -> dict[str, Any]:
+    result: dict[str, Any] = {"rounds": len(rounds), "cores": os.cpu_count()}
+    for key in ("c16_edge", "c16_kserve", "c16_ort", "c16_ort_nospin"):
+        if any(key in r for r in rounds):
+            result[key] = best(rounds, key, "rps", lower=False)
+    for key in ("c1_cls_edge", "c1_cls_ort", "c1_cls_ort_nospin", "c1_det_shm", "c1_det_binary", "c1_det_ort",
+                "c1_det_ort_nospin"):
+        result[key] = best(rounds, key, "p50_ms", lower=True)
+    # The in-process baseline: the better of ORT's default (spinning) and non-spinning sessions.
+    for key, metric, lower in (("c16_ort", "rps", False), ("c1_cls_ort", "p50_ms", True),
+                               ("c1_det_ort", "p50_ms", True)):
+        candidates = [result[key], result[f"{key}_nospin"]]
+        result[f"{key}_best"] = (min if lower else max)(candidates, key=lambda entry: entry[metric])
+    result["rss_mib"] = {"idle": idle, "peak_under_load": peak}
+    cls_out = dict(zip([o.name for o in sessions["cls"].get_outputs()], sessions["cls"].run(None, {"x": cls_x})))
+    det_out = dict(zip([o.name for o in sessions["det"].get_outputs()], sessions["det"].run(None, {"x": det_x})))
+    result["phases_us"] = {
+        "cls_c16": {**codec_phases_us(cls_body, cls_out), **result["c16_edge"]["server_us"]},
+        "cls_c1": {**codec_phases_us(cls_body, cls_out), **result["c1_cls_edge"]["server_us"]},
+        "det_c1_binary": {**codec_phases_us(det_body, det_out), **result["c1_det_binary"]["server_us"]},
+    }
+    for name, entry in result["phases_us"].items():
+        side = {"cls_c16": "c16_edge", "cls_c1": "c1_cls_edge", "det_c1_binary": "c1_det_binary"}[name]
+        known = entry["decode"] + entry["queue"] + entry["compute"] + entry["encode"]
+        entry["transport"] = round(max(0.0, result[side]["mean_ms"] * 1e3 - known), 1)
+    kserve_rps = result.get("c16_kserve", {}).get("rps")
+    result["ratios"] = {
+        "c16_vs_kserve": round(result["c16_edge"]["rps"] / kserve_rps, 2) if kserve_rps else None,
+        "c16_vs_ort_one_at_a_time": round(result["c16_edge"]["rps"] / result["c16_ort_best"]["rps"], 2),
+        "c1_cls_overhead_ms": round(result["c1_cls_edge"]["p50_ms"] - result["c1_cls_ort_best"]["p50_ms"], 3),
+        "c1_det_shm_overhead_ms": round(result["c1_det_shm"]["p50_ms"] - result["c1_det_ort_best"]["p50_ms"], 3),
+        "c1_det_binary_overhead_ms": round(result["c1_det_binary"]["p50_ms"] - result["c1_det_ort_best"]["p50_ms"],
+                                           3),
+    }
+    ratios = result["ratios"]
+    result["acceptance"] = {
+        "c16_at_least_6x_kserve": ratios["c16_vs_kserve"] is not None and ratios["c16_vs_kserve"] >= 6.0,
+        "c1_cls_within_0.8_ms": ratios["c1_cls_overhead_ms"] <= 0.8,
+        "c1_det_shm_within_0.8_ms": ratios["c1_det_shm_overhead_ms"] <= 0.8,
+        "idle_rss_at_most_120_mib": idle["edge"] <= 120.0,
+    }
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration-s", type=float, default=6.0, help="seconds per measured phase (default 6)")
+    parser.add_argument("--kserve-python", default=os.environ.get("EDGE_RUNTIME_BENCH_KSERVE_PYTHON"),
+                        help="a Python with kserve and onnxruntime (default $EDGE_RUNTIME_BENCH_KSERVE_PYTHON); "
+                             "without it the KServe side is left out")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration-s", type=float, default=4.0, help="seconds per cls side per round")
+    parser.add_argument("--det-duration-s", type=float, default=6.0, help="seconds per det side per round")
+    parser.add_argument("--quick", action="store_true", help="1 round, short phases (about a minute)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.duration_s, args.det_duration_s = 1, 2.0, 3.0
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
-        model_path = build_repository(Path(tmp) / "repository")
-        # EDGE_RUNTIME_THREADS=0: all usable cores, as the in-process baseline session gets.
-        server_process = ServerProcess.start(Path(tmp) / "repository", Path(tmp) / "server.log", timeout_s=90,
-                                             env={"EDGE_RUNTIME_CACHE": str(Path(tmp) / "cache"),
-                                                  "EDGE_RUNTIME_THREADS": "0"})
-        url = server_process.url
-        try:
-            sampler = RssSampler(server_process.process.pid)
-            asyncio.run(run_load(url, MODEL, concurrency=1, duration_s=1.0, binary=True))  # warm-up
-            idle_rss = sampler.rss_bytes()
-            with sampler:
-                phases = {
-                    "server_c1_binary": (MODEL, dict(concurrency=1, binary=True)),
-                    "server_c1_json": (MODEL, dict(concurrency=1, binary=False)),
-                    "server_c16": (MODEL, dict(concurrency=16, binary=True)),
-                    "server_c16_batched": (BATCHED, dict(concurrency=16, binary=True)),
-                }
-                server = {name: asyncio.run(run_load(url, model, duration_s=args.duration_s, **kw))
-                          for name, (model, kw) in phases.items()}
-        finally:
-            server_process.stop()
-        baseline = ort_baseline(model_path, args.duration_s, threads=16)
-    result: dict[str, Any] = {
-        "model": "demo CNN (model_zoo.build_mobilenet), input [1, 3, 64, 64], cpu backend",
-        "cores": os.cpu_count(),
-        "onnxruntime": baseline,
-        **server,
-        "server_rss_mb": {"idle": round(idle_rss / 2**20, 1), "peak_under_load": round(sampler.peak_bytes / 2**20, 1)},
-    }
-    ort_p50 = baseline["p50_ms"]
-    result["ratios"] = {
-        "overhead_ms_p50_binary": round(server["server_c1_binary"]["latency_ms"]["p50"] - ort_p50, 3),
-        "overhead_ms_p50_json": round(server["server_c1_json"]["latency_ms"]["p50"] - ort_p50, 3),
-        "latency_ratio_c1_binary": round(server["server_c1_binary"]["latency_ms"]["p50"] / ort_p50, 2),
-        "throughput_ratio_c16": round(server["server_c16"]["rps"] / max(baseline["rps_c16"], 1e-9), 2),
-        "throughput_ratio_c16_batched": round(server["server_c16_batched"]["rps"] / max(baseline["rps_c16"], 1e-9), 2),
-    }
+        result = run(args, Path(tmp))
     (args.out / "bench_server.json").write_text(json.dumps(result, indent=2))
     plot(result, args.out / "bench_server.png")
     print(json.dumps(result, indent=2))

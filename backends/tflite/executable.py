@@ -100,6 +100,9 @@ class TFLiteExecutable:
         chosen = [s for s in delegate_attempts if s.loaded]
         self.delegate_status: DelegateStatus | None = (chosen or list(delegate_attempts[-1:]) or [None])[0]
         self.backend_nodes = {"tflite": int(info["total_nodes"])}
+        # A loaded delegate takes the work off the CPU cores: the scheduler runs it as a GPU plan.
+        loaded = self.delegate_status is not None and self.delegate_status.loaded
+        self.device = "gpu" if loaded else "cpu"
         self.auto_quantize = auto_quantize
         self._info = info
 

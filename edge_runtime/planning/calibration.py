@@ -106,7 +106,7 @@ def cached_speed(backend: Backend, device_key: str, cache_dir: Path | None, opti
     """
     key = f"{backend.name}|{device_key}|v{_FORMAT}"
     path = None if cache_dir is None else Path(cache_dir) / CACHE_FILE
-    entries = _read(path)
+    entries = read_entries(path)
     if key in entries:
         try:
             return BackendSpeed.from_dict(entries[key])
@@ -120,24 +120,25 @@ def cached_speed(backend: Backend, device_key: str, cache_dir: Path | None, opti
         return default_speed(backend.name, on_host)
     log.info("calibrated %s in %.2f s: %s", backend.name, time.perf_counter() - started, speed)
     if path is not None:
-        _write(path, key, {**speed.to_dict(), "measured_at": time.time()})
+        write_entry(path, key, {**speed.to_dict(), "measured_at": time.time()})
     return speed
 
 
-def _read(path: Path | None) -> dict[str, dict]:
+def read_entries(path: Path | None) -> dict[str, dict]:
+    """The JSON object cached in ``path`` (empty when missing or unreadable)."""
     if path is None or not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        log.warning("calibration cache %s unreadable (%s); ignoring it", path, exc)
+        log.warning("cache file %s unreadable (%s); ignoring it", path, exc)
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, key: str, entry: dict) -> None:
+def write_entry(path: Path, key: str, entry: dict) -> None:
     """Merge one entry into the cache file atomically (other processes may write too)."""
-    entries = _read(path)
+    entries = read_entries(path)
     entries[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -45,11 +45,31 @@ class FallbackKey:
 
 
 @dataclass(frozen=True)
+class StageNote:
+    """A stage that re-ran on the host during one run: the line to report, and its metric labels."""
+
+    text: str
+    backend: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class PlanRun:
-    """One request's outputs and, if a stage re-ran on the host, a line saying which and why."""
+    """One request's outputs and, if a stage re-ran on the host, a line saying which and why;
+    ``labels`` (failed backend, reason) of the first such stage, for bounded metric labels."""
 
     outputs: dict[str, np.ndarray]
     fallback: str | None = None
+    labels: tuple[str, str] | None = None
+
+    @classmethod
+    def of(cls, outputs: dict[str, np.ndarray], notes: Sequence[StageNote | str]) -> "PlanRun":
+        first = next((n for n in notes if isinstance(n, StageNote)), None)
+        return cls(outputs, "; ".join(map(str, notes)) or None,
+                   (first.backend, first.reason) if first is not None else None)
 
 
 @dataclass
@@ -110,10 +130,10 @@ class PlanExecutor:
 
     def run_reporting(self, feeds: Mapping[str, np.ndarray]) -> PlanRun:
         env = dict(feeds)
-        notes: list[str] = []
+        notes: list[StageNote] = []
         for k in range(len(self.stages)):
             self.advance(k, env, notes)
-        result = PlanRun(self.collect(env), "; ".join(notes) or None)
+        result = PlanRun.of(self.collect(env), notes)
         self._local.last_fallback = result.fallback
         return result
 
@@ -128,7 +148,7 @@ class PlanExecutor:
         """What fell back during this thread's latest ``run`` (None: nothing did)."""
         return getattr(self._local, "last_fallback", None)
 
-    def advance(self, k: int, env: dict[str, np.ndarray], notes: list[str]) -> None:
+    def advance(self, k: int, env: dict[str, np.ndarray], notes: list[StageNote]) -> None:
         """Run stage ``k`` on the tensors in ``env``, add its outputs, drop what is no longer needed."""
         stage = self.stages[k]
         feeds = {t: env[t] for t in stage.spec.inputs}
@@ -143,7 +163,8 @@ class PlanExecutor:
                             type(exc).__name__, exc_info=True)
             reason = type(exc).__name__ if contracted else f"unexpected {type(exc).__name__}"
             outputs = self._fall_back(k, feeds, exc, reason)
-            notes.append(f"stage {k} ({stage.backend}) re-ran on {self.host}: {type(exc).__name__}: {exc}")
+            notes.append(StageNote(f"stage {k} ({stage.backend}) re-ran on {self.host}: {type(exc).__name__}: {exc}",
+                                   stage.backend, reason))
         for tensor in stage.spec.outputs:
             env[tensor] = outputs[tensor]
         for tensor in self._release[k]:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from edge_runtime.planning.executor import PlanExecutor, PlanRun
+    from edge_runtime.planning.executor import PlanExecutor, PlanRun, StageNote
 
 
 @dataclass
 class _Request:
     index: int
     env: dict[str, np.ndarray]
-    notes: list[str] = field(default_factory=list)
+    notes: list["StageNote"] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -73,4 +73,4 @@ def run_pipelined(executor: "PlanExecutor", feeds_list: Sequence[Mapping[str, np
     for request in finished:
         if request.error is not None:
             raise request.error
-    return [PlanRun(executor.collect(r.env), "; ".join(r.notes) or None) for r in finished]
+    return [PlanRun.of(executor.collect(r.env), r.notes) for r in finished]

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from backends.base import Backend, CompileOptions, Executable, backend_nodes_of
+from backends.base import Backend, CompileOptions, Executable, backend_nodes_of, claimed_indices
 from backends.errors import BackendError, BackendUnavailableError, ModelLoadError
 from backends.onnx_graph import graph_inputs, graph_outputs, tensor_specs
 from edge_runtime.planning import partitioner
@@ -181,8 +181,16 @@ def _on(stage: StageSpec, backend: str) -> StageSpec:
 def _claims(model: "onnx.ModelProto", backends: Mapping[str, Backend]) -> dict[str, frozenset[int]]:
     """Indices of the nodes each backend claims, asked with the model's symbolic shapes."""
     specs = tensor_specs(model)
-    return {name: frozenset(i for i, node in enumerate(model.graph.node) if _supports(backend, node, specs))
-            for name, backend in backends.items()}
+    return {name: _claimed(backend, model, specs) for name, backend in backends.items()}
+
+
+def _claimed(backend: Backend, model: "onnx.ModelProto", specs: Mapping[str, Any]) -> frozenset[int]:
+    if callable(getattr(backend, "claims", None)):
+        try:
+            return claimed_indices(backend, model, specs)
+        except Exception as exc:  # a backend's capability check must not break planning
+            log.warning("backend %s: claims() raised %s; asking node by node", backend.name, exc)
+    return frozenset(i for i, node in enumerate(model.graph.node) if _supports(backend, node, specs))
 
 
 def _supports(backend: Backend, node: "onnx.NodeProto", specs: Mapping[str, Any]) -> bool:

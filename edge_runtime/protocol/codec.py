@@ -12,14 +12,14 @@ expected versus received.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from backends.base import TensorSpec
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.tensors import DATATYPES, from_bytes, from_json, to_bytes, to_json, wire_datatype, wire_shape
 
 __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "check_outputs", "decode_request",
@@ -30,6 +30,14 @@ __all__ = ["DATATYPES", "EncodedResponse", "InferRequest", "RequestedOutput", "c
 class RequestedOutput:
     name: str
     binary: bool | None = None  # None: the request-level default
+    shared_memory: tuple[Any, Any, Any] | None = None  # (region, offset, byte_size): written there, not sent
+
+
+class RegionViews(Protocol):
+    """Where shared-memory tensors live (``edge_runtime.serving.shared_memory.RegionLease``)."""
+
+    def view(self, region_name: Any, offset: Any, byte_size: Any, tensor: str) -> memoryview:
+        ...
 
 
 @dataclass(frozen=True)
@@ -56,8 +64,12 @@ class EncodedResponse:
 
 
 # -- requests -----------------------------------------------------------------------------
-def decode_request(body: bytes, header_length: int | None) -> InferRequest:
-    """Parse an inference request body; raises InvalidInputError on any malformation."""
+def decode_request(body: bytes, header_length: int | None, regions: RegionViews | None = None) -> InferRequest:
+    """Parse an inference request body; raises InvalidInputError on any malformation.
+
+    An input naming ``parameters.shared_memory_region`` is a view of that region
+    (through ``regions``; without them such an input is an error).
+    """
     header, binary = _split(body, header_length)
     if not isinstance(header, dict):
         raise InvalidInputError(f"the request must be a JSON object, got {type(header).__name__}")
@@ -79,7 +91,17 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         if name in arrays:
             raise InvalidInputError(f"input {name!r} appears twice in the request")
         size = params.get("binary_data_size")
-        if size is not None:
+        if "shared_memory_region" in params:
+            if regions is None:
+                raise InvalidInputError(f"input {name!r}: shared memory is not available on this transport")
+            region = params["shared_memory_region"]
+            view = regions.view(region, params.get("shared_memory_offset", 0),
+                                params.get("shared_memory_byte_size"), name)
+            try:
+                arrays[name] = from_bytes(name, datatype, shape, view)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"{exc} (from shared memory region {region!r})") from None
+        elif size is not None:
             if header_length is None:
                 raise InvalidInputError(f"input {name!r} has binary_data_size but the request has no "
                                         "Inference-Header-Content-Length header")
@@ -102,17 +124,19 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     return InferRequest(arrays, datatypes, _requested_outputs(header.get("outputs")), request_id, parameters)
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[Any, bytes]:
+def _split(body: bytes, header_length: int | None) -> tuple[Any, bytes | memoryview]:
     if header_length is None:
         header_bytes, binary = body, b""
     else:
         if header_length < 0 or header_length > len(body):
             raise InvalidInputError(
                 f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
-        header_bytes, binary = body[:header_length], body[header_length:]
+        # A view, not a slice: a slice of bytes copies the (megabytes of) tensor data after the header.
+        whole = memoryview(body)
+        header_bytes, binary = whole[:header_length], whole[header_length:]
     try:
-        return json.loads(header_bytes), binary
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return jsonio.loads(header_bytes), binary
+    except (UnicodeDecodeError, jsonio.DecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
 
 
@@ -148,7 +172,11 @@ def _requested_outputs(outputs: Any) -> tuple[RequestedOutput, ...]:
         binary = params.get("binary_data") if isinstance(params, dict) else None
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInputError(f"output {item['name']!r}: parameters.binary_data must be true or false")
-        requested.append(RequestedOutput(item["name"], binary))
+        shared = None
+        if isinstance(params, dict) and "shared_memory_region" in params:
+            shared = (params["shared_memory_region"], params.get("shared_memory_offset", 0),
+                      params.get("shared_memory_byte_size"))
+        requested.append(RequestedOutput(item["name"], binary, shared))
     return tuple(requested)
 
 
@@ -211,17 +239,41 @@ def check_outputs(request: InferRequest, output_names: Sequence[str]) -> None:
 
 
 def encode_response(model_name: str, model_version: str, request: InferRequest,
-                    outputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any] | None = None) -> EncodedResponse:
-    """Serialise the requested outputs (all when none were named), JSON or binary per output."""
+                    outputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any] | None = None,
+                    regions: RegionViews | None = None) -> EncodedResponse:
+    """Serialise the requested outputs (all when none were named), JSON or binary per output; an output
+    requested into shared memory is written there (through ``regions``) and described, not sent."""
     default_binary = request.parameters.get("binary_data_output", False) is True
     if request.outputs:
         check_outputs(request, list(outputs))
-        chosen = [(o.name, default_binary if o.binary is None else o.binary) for o in request.outputs]
+        chosen = [(o.name, default_binary if o.binary is None else o.binary) for o in request.outputs
+                  if o.shared_memory is None]
     else:
         chosen = [(name, default_binary) for name in outputs]
     header: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    shared = [_to_region(o.name, np.asarray(outputs[o.name]), o.shared_memory, regions)
+              for o in request.outputs if o.shared_memory is not None]
     return _pack(header, "outputs", [(name, np.asarray(outputs[name]), binary) for name, binary in chosen],
-                 request.id, parameters)
+                 request.id, parameters, shared)
+
+
+def _to_region(name: str, array: np.ndarray, where: tuple[Any, Any, Any],
+               regions: RegionViews | None) -> dict[str, Any]:
+    """Write ``array``'s binary tensor data into its region; the response entry that says so."""
+    if regions is None:
+        raise InvalidInputError(f"output {name!r}: shared memory is not available on this transport")
+    region, offset, byte_size = where
+    target = regions.view(region, offset, byte_size, name)
+    if wire_datatype(array.dtype) == "BYTES":
+        raw: Any = to_bytes(array)
+    else:  # little-endian, contiguous: a view of the output when it already is (no extra copy)
+        raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
+    if len(raw) > len(target):
+        raise InvalidInputError(f"output {name!r} needs {len(raw)} bytes; shared memory region {region!r} "
+                                f"gives it shared_memory_byte_size {len(target)}")
+    target[:len(raw)] = raw if isinstance(raw, bytes) else raw.data
+    return {"name": name, "datatype": wire_datatype(array.dtype), "shape": list(array.shape),
+            "parameters": {"shared_memory_region": region, "shared_memory_byte_size": len(raw)}}
 
 
 # -- the client side (load generator, benchmarks) ----------------------------------------------
@@ -232,9 +284,10 @@ def encode_request(inputs: Mapping[str, np.ndarray], *, binary: bool = False, re
 
 
 def _pack(header: dict[str, Any], key: str, tensors: list[tuple[str, np.ndarray, bool]], request_id: str | None,
-          parameters: Mapping[str, Any] | None) -> EncodedResponse:
-    """The JSON header with ``tensors`` under ``key``, then the binary chunks in the same order."""
-    entries, chunks = [], []
+          parameters: Mapping[str, Any] | None, described: Sequence[dict[str, Any]] = ()) -> EncodedResponse:
+    """The JSON header with ``tensors`` (then ``described`` entries) under ``key``, then the binary chunks."""
+    entries: list[dict[str, Any]] = []
+    chunks = []
     for name, array, binary in tensors:
         entry: dict[str, Any] = {"name": name, "datatype": wire_datatype(array.dtype), "shape": list(array.shape)}
         if binary:
@@ -244,12 +297,13 @@ def _pack(header: dict[str, Any], key: str, tensors: list[tuple[str, np.ndarray,
         else:
             entry["data"] = to_json(name, array)
         entries.append(entry)
+    entries.extend(described)
     if request_id is not None:
         header["id"] = request_id
     if parameters:
         header["parameters"] = dict(parameters)
     header[key] = entries
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = jsonio.dumps(header)
     if not chunks:
         return EncodedResponse(head)
     return EncodedResponse(b"".join([head, *chunks]), len(head))

@@ -1,7 +1,7 @@
 """Dynamic batching: which requests may share a run, how rows are joined and split back.
 
 A model batches when the first dimension of every input and every output is
-symbolic (``"batch"`` or unknown). Requests are *compatible* when their
+dynamic and the load-time experiment finds its rows independent (``batch_probe.py``). Requests are *compatible* when their
 inputs have the same dtypes and the same non-batch dimensions, and each
 request's inputs agree on their row count. Compatible requests are joined
 along dim 0; each output is cut back into exactly the rows of each request,
@@ -9,10 +9,12 @@ and every request gets its own copy (never a view into another's data).
 
 ``BatchSizer`` decides when a batch is ready and how many requests it takes:
 
-* ready when the waiting rows reach the current limit or the largest
-  preferred size under it; otherwise the batcher waits at most
-  ``max_queue_delay_us`` after the oldest request arrived, then takes what is
-  there;
+* ready at once when the model has no run in flight (an idle device gains
+  nothing by waiting; at concurrency 1 a request never waits for company), and
+  when a device worker's run just ended (it takes what gathered meanwhile);
+* otherwise ready when the waiting rows reach the current limit or the largest
+  preferred size under it, or ``max_queue_delay_us`` after the oldest request
+  arrived, taking what is there;
 * it takes the longest run of requests (in priority order) whose rows sum to a
   preferred size, else the longest that fits the limit (a request larger than
   the limit runs alone);
@@ -32,15 +34,8 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from backends.base import TensorSpec
 from edge_runtime.errors import BackendError
 from edge_runtime.scheduler.config import BatchingConfig
-
-
-def has_batch_dim(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
-    """Whether dim 0 of every input and output is symbolic (so rows can be joined and split)."""
-    specs = [*inputs, *outputs]
-    return bool(inputs) and all(spec.shape and not isinstance(spec.shape[0], int) for spec in specs)
 
 
 def request_rows(feeds: Mapping[str, np.ndarray]) -> int | None:

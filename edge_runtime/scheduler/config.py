@@ -17,7 +17,8 @@ max_queue_size = 64
 default_timeout_ms = 0     # 0 = none
 ```
 Read from ``<repository>/<model>/config.toml`` or passed to ``rt.load(..., config=...)``.
-Other sections (``[cloud]``) belong to their own features and are kept as-is in ``extra``.
+Other sections (``[cloud]``, ``[serving]``: ``OTHER_SECTIONS``) belong to their own features and are
+kept as-is in ``extra``; any other table or top-level key is an error naming the file, table and key.
 """
 
 from __future__ import annotations
@@ -90,21 +91,33 @@ class ModelConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     extra: Mapping[str, Any] = field(default_factory=dict)  # sections owned by other features
+    source: str = "model config"  # where it was read from (a config.toml path), for error messages
 
 
 _SECTIONS = {"scheduler": SchedulerConfig, "batching": BatchingConfig, "queue": QueueConfig}
+# Tables other features own and check themselves (kept in ``extra``); add a feature's table here.
+OTHER_SECTIONS = ("cloud", "serving")
 
 
 def model_config(data: Mapping[str, Any] | None = None, where: str = "model config") -> ModelConfig:
-    """Build a ModelConfig from a parsed TOML document; unknown keys in known sections are errors."""
+    """Build a ModelConfig from a parsed TOML document.
+
+    Raises ConfigError naming ``where`` (the file), the table and the key for an
+    unknown table, a top-level key outside any table, or an unknown key in a known table.
+    """
     data = dict(data or {})
+    known = [*_SECTIONS, *OTHER_SECTIONS]
+    for key, value in data.items():
+        if key not in known:
+            what = f"unknown table [{key}]" if isinstance(value, Mapping) else f"unknown top-level key {key!r}"
+            raise ConfigError(f"{where}: {what}; known tables: {', '.join(f'[{k}]' for k in known)}")
     sections = {}
     for name, cls in _SECTIONS.items():
         table = data.pop(name, {})
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}: [{name}] must be a table")
         sections[name] = from_mapping(cls, table, f"{where}: [{name}]")
-    return ModelConfig(**sections, extra=data)
+    return ModelConfig(**sections, extra=data, source=where)
 
 
 def load_model_config(path: str | Path) -> ModelConfig:

@@ -7,7 +7,11 @@ Plans offered for a model:
   when the model runs elsewhere, and ``"gpu"``: the whole model on the first
   GPU backend of the device profile's order that is available and takes every
   node (skipped, with a log line saying why, when none can);
-* ``extra_plans`` from the caller (the partitioner's ``"hybrid"``, a cloud plan).
+* unless fixed: ``"hybrid"``, the partitioner's pipeline cut over the accelerator
+  and the host, where it finds one with stages on both (a multi-stage
+  ``PlanExecutor``: a stage that fails re-runs on the host, reported in the
+  result's ``fallback``);
+* ``extra_plans`` from the caller (a cloud plan; a ``"hybrid"`` there replaces ours).
 
 CPU plans are compiled with the intra-op threads of ``workers.cpu_split``, so
 the cpu worker's concurrent runs never oversubscribe the cores. Models of one
@@ -21,6 +25,7 @@ import logging
 import weakref
 from typing import Any, Mapping
 
+from backends.base import CompileOptions
 from edge_runtime.errors import (
     BackendError,
     BackendUnavailableError,
@@ -29,8 +34,9 @@ from edge_runtime.errors import (
     ModelLoadError,
 )
 from edge_runtime.load_monitor import LoadConfig, LoadMonitor
+from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
 from edge_runtime.scheduler.config import ModelConfig
-from edge_runtime.scheduler.plans import GPU_BACKENDS, CallablePlan, Plan
+from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
 from edge_runtime.scheduler.scheduler import ModelScheduler
 from edge_runtime.scheduler.workers import DeviceWorkers
 
@@ -64,43 +70,86 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans: dict[str, Plan] = {}
     owned: list[Any] = []
     own = model
-    if model.backend == "cpu" and threads != runtime.threads:
-        own = _load(runtime, model, "cpu", threads)  # re-split the cores for concurrent cpu runs
+    compiled = model.options
+    if model.backend == "cpu" and (compiled is None or compiled.intra_op_threads != threads
+                                   or compiled.allow_spinning):
+        own = _load(runtime, model, "cpu", threads)  # re-split the cores for concurrent runs; never spin
         owned.append(own)
-    plans[model.backend] = _plan(model.backend, own)
+    plans[model.backend] = model_plan(model.backend, own)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
     if needs_more and _is_onnx(model):
         if "cpu" not in plans and runtime.availability("cpu").ok:
             cpu = _load(runtime, model, "cpu", threads)
             owned.append(cpu)
-            plans["cpu"] = _plan("cpu", cpu)
+            plans["cpu"] = model_plan("cpu", cpu)
         if not any(name in GPU_BACKENDS for name in plans):
             gpu = _first_gpu_model(runtime, model, threads)
             if gpu is not None:
                 owned.append(gpu)
-                plans["gpu"] = _plan("gpu", gpu)
+                plans["gpu"] = model_plan("gpu", gpu)
+        if "hybrid" not in (extra_plans or {}):
+            hybrid = _hybrid_plan(runtime, model, threads)
+            if hybrid is not None:
+                owned.append(hybrid)
+                plans["hybrid"] = hybrid
     plans.update(extra_plans or {})
+    batching = _batching(model, config, plans[model.backend])
     try:
         return ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
-                              workers=workers, default_plan=model.backend, owned=owned)
+                              workers=workers, default_plan=model.backend, owned=owned, batching=batching)
     except ConfigError:
         for extra in owned:
             extra.close()
         raise
 
 
-def _plan(name: str, model: Any) -> CallablePlan:
-    return CallablePlan(name, tuple(model.backend_nodes), model._run_validated)
+def _batching(model: Any, config: ModelConfig, plan: Plan) -> BatchingDecision:
+    """The load-time batching experiment on the model's own plan; a refusal of configured batching warns."""
+    decision = decide_batching(config.batching, model.inputs, model.outputs, plan.run)
+    if config.batching.enabled and not decision.enabled:
+        log.warning("model %s: [batching] max_batch_size = %d configured, but batching is off: %s",
+                    model.name, config.batching.max_batch_size, decision.reason)
+    elif decision.enabled:
+        log.info("model %s: batching up to %d rows (%s)", model.name, decision.max_batch_size, decision.reason)
+    return decision
 
 
 def _is_onnx(model: Any) -> bool:
     return str(model.path).lower().endswith(".onnx")
 
 
+def serving_options(runtime: Any) -> CompileOptions:
+    """Compile options for served models: the cpu worker's intra-op threads, and no spinning.
+
+    NOTE: ONNX Runtime's pool threads spin between runs by default, burning a core of a
+    small device that the event loop and other models need; a served session waits for
+    its next request, so it never spins.
+    """
+    threads = runtime_workers(runtime).cpu.intra_op_threads
+    return dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
+
+
 def _load(runtime: Any, model: Any, backend: str, threads: int) -> Any:
-    options = dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
+    options = dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
     return runtime.load(model.path, name=model.name, backend=backend, options=options)
+
+
+def _hybrid_plan(runtime: Any, model: Any, threads: int) -> Any | None:
+    """The partitioner's ``hybrid`` plan (accelerator and host stages), or None (logged) where it
+    keeps the whole model on one backend or no accelerator is usable."""
+    if runtime.accelerator() is None:
+        return None
+    try:
+        planner = runtime.planner(model.path)
+        layout = planner.layout("hybrid")
+        if len({stage.backend for stage in layout.partition.stages}) < 2:
+            log.info("model %s: no hybrid plan: the partitioner keeps every node on one backend", model.name)
+            return None
+        return planner.compile(layout, dataclasses.replace(serving_options(runtime), intra_op_threads=threads))
+    except (BackendUnavailableError, BackendError, ModelLoadError, InvalidInputError) as exc:
+        log.info("model %s: no hybrid plan: %s", model.name, exc)
+        return None
 
 
 def _first_gpu_model(runtime: Any, model: Any, threads: int) -> Any | None:

@@ -13,6 +13,9 @@ Optional plan attributes the scheduler reads (``getattr`` with a default):
 * ``device``: which device worker runs it (``"cpu"``, ``"gpu"``, ``"cloud"``);
   default derived from ``backends`` by :func:`plan_device`.
 * ``estimated_ms``: the cost model's latency estimate, the cost policy's prior.
+* ``reporting`` or ``run_reporting``: a run returning a ``PlanRun`` (outputs,
+  plus which stage re-ran on the host and why), so stage fallbacks reach the
+  result and the metrics.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
-# Backends whose work lands on a GPU; the rest of the backends run on the CPU cores.
-GPU_BACKENDS = frozenset({"opencl", "vulkan", "gpu"})
-CLOUD_BACKENDS = frozenset({"cloud"})
+from backends.descriptors import backends_on
+
+# Read from the backend descriptors: whose work lands on a GPU, on a cloud peer; the rest use the CPU cores.
+GPU_BACKENDS = backends_on("gpu")
+CLOUD_BACKENDS = backends_on("cloud")
 PLAN_KINDS = ("cpu", "gpu", "hybrid")
 
 
@@ -41,7 +46,8 @@ class CallablePlan:
     """A plan backed by any ``feeds -> outputs`` callable (an executable's ``run``).
 
     ``device`` empty means "derive it from ``backends``"; ``estimated_ms``
-    None means no prior latency estimate.
+    None means no prior latency estimate. ``reporting`` (a multi-stage
+    executor's ``run_reporting``) runs it saying which stages fell back.
     """
 
     name: str
@@ -49,6 +55,7 @@ class CallablePlan:
     call: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
     device: str = ""
     estimated_ms: float | None = None
+    reporting: Callable[[Mapping[str, np.ndarray]], Any] | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.call(feeds)
@@ -85,6 +92,17 @@ def plan_kind(name: str, plan: Plan) -> str:
     return "gpu" if getattr(plan, "device", "") == "gpu" else "cpu"
 
 
+def model_plan(name: str, model: Any) -> CallablePlan:
+    """A loaded ``Model`` as plan ``name``, running without re-validation; a thread-safe multi-stage
+    executable also reports its stage fallbacks."""
+    executable = getattr(model, "executable", None)
+    reporting = getattr(executable, "run_reporting", None) if getattr(executable, "thread_safe", False) else None
+    # The executable's own device wins (a .tflite model on a GPU delegate is a GPU plan); without
+    # one, plan_device derives it from the backends' descriptors.
+    device = getattr(executable, "device", "")
+    return CallablePlan(name, tuple(model.backend_nodes), model._run_validated, device=device, reporting=reporting)
+
+
 def model_plans(model: Any) -> dict[str, Plan]:
-    """The single plan of a loaded ``Model``: its backend, running without re-validation."""
-    return {model.backend: CallablePlan(model.backend, tuple(model.backend_nodes), model._run_validated)}
+    """The single plan of a loaded ``Model``: its backend (``model_plan``)."""
+    return {model.backend: model_plan(model.backend, model)}

@@ -38,11 +38,24 @@ class RequestQueue:
             raise QueueFullError(f"model {self.model!r}: queue full ({self.max_size} waiting)")
         heapq.heappush(self._heap, entry)
 
-    def head(self) -> QueuedRequest | None:
-        """The highest-priority live entry (left queued), after answering the dead ones in front of it."""
+    def head(self, dead: list[QueuedRequest] | None = None) -> QueuedRequest | None:
+        """The highest-priority live entry (left queued), after answering the dead ones in front of it.
+
+        Off the event loop pass ``dead``: the dead entries are removed and collected there, for
+        ``expire`` on the loop (their futures belong to it).
+        """
         while self._heap and self._heap[0].dead:
-            self._expire(heapq.heappop(self._heap))
+            entry = heapq.heappop(self._heap)
+            if dead is None:
+                self._expire(entry)
+            else:
+                dead.append(entry)
         return self._heap[0] if self._heap else None
+
+    def expire(self, entries: list[QueuedRequest]) -> None:
+        """On the loop: answer entries ``head`` collected off it (deadline passed while queued)."""
+        for entry in entries:
+            self._expire(entry)
 
     def live(self, accept: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
         """Live entries that ``accept`` takes, in priority order (left queued)."""

@@ -28,6 +28,7 @@ class InferenceResult:
     # Set from the failed plan's error when the request re-ran on cpu (a cloud call's error says both):
     retried: bool = False  # the failed call had been re-tried (after failures that never reached the peer)
     ran_twice: bool = False  # the failed plan may have run it too (sent to the peer, answer lost)
+    fallback_labels: tuple[str, str] | None = None  # (failed backend, short reason) of a stage fallback
 
     def timing(self) -> dict[str, Any]:
         return {"plan": self.plan, "backends": list(self.backends), "queue_ms": round(self.queue_ms, 3),
@@ -43,6 +44,7 @@ class PlanFailure:
     reason: str
     retried: bool = False
     maybe_ran: bool = False
+    labels: tuple[str, str] | None = None  # (backend, reason) when a stage inside the plan fell back
 
     @classmethod
     def of(cls, plan: str, exc: BaseException) -> "PlanFailure":

@@ -1,13 +1,18 @@
 """``ModelScheduler``: one model's bounded priority queue, plan choice, batching and dispatch.
 
-Requests are validated on arrival and queued by priority (bounded: overflow is
-an immediate ``QueueFullError``). Dispatch is event-driven: on every arrival,
-finished run, freed device slot and batch timer, ``_pump`` takes the
-highest-priority live request, asks the policy for a plan under the current
-load, gathers compatible requests into a batch (``batching.py``) once the
-batch is ready, takes a slot on that plan's device worker and hands the batch
-to the worker's thread, so the event loop never blocks. (No dispatcher task:
-each hop through the loop costs tens of microseconds on a small core.) A
+Requests are validated on arrival (unless the data plane did) and queued by
+priority (bounded: overflow is an immediate ``QueueFullError``). Dispatch is
+event-driven: on every arrival, freed device slot and batch timer, ``_pump``
+(on the loop) takes the highest-priority live request, asks the policy for a
+plan under the current load, gathers compatible requests into a batch
+(``batching.py``) once the batch is ready, takes a slot on that plan's device
+worker and hands the batch to the worker's thread, so the event loop never
+blocks. When a run ends, that thread posts the answers to the loop and takes
+the next ready batch for its device itself (``_drive``): the loop is not on
+the path between two runs (each hop through a busy loop costs tens to
+hundreds of microseconds on a small core). It hands its slot back when no
+batch is ready, or when another model waits for the device. One lock guards
+the queue, policy and counters, which the loop and the worker threads share. A
 request whose deadline passes while queued is answered with
 ``DeadlineExceededError`` and never run. A plan that fails with BackendError
 is re-run on the cpu plan (counted as a fallback; the result's ``retried`` and
@@ -20,20 +25,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Sequence
 
 from backends.base import TensorSpec
-from edge_runtime.errors import BackendError, DeadlineExceededError, EdgeRuntimeError
+from edge_runtime.errors import DeadlineExceededError, EdgeRuntimeError
 from edge_runtime.load_monitor import LoadMonitor, LoadReading
-from edge_runtime.scheduler.batching import BatchSizer, batch_key, has_batch_dim, join_feeds, request_rows, split_outputs
+from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
+from edge_runtime.scheduler.batching import BatchSizer, batch_key, request_rows
+from edge_runtime.scheduler.execution import BatchRun, run_batch
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import Plan, plan_device, plan_kind
 from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, make_policy
 from edge_runtime.scheduler.queue import RequestQueue
-from edge_runtime.scheduler.request import InferenceResult, PlanFailure, QueuedRequest
+from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
 
@@ -50,7 +58,9 @@ class ModelScheduler:
     readings (none: load unknown). ``workers`` are the device workers to share
     with other models (default: private ones on ``executor``). ``outputs``
     lets batching check that every output has a batch dimension; without it
-    only the inputs are checked. ``default_plan`` is what ``plan = "auto"`` means.
+    only the inputs are checked; ``batching`` (the load-time experiment's
+    decision, ``batch_probe.py``) overrides that check. ``default_plan`` is what
+    ``plan = "auto"`` means.
     ``owned`` objects (models compiled for extra plans) are closed by ``close()``.
     """
 
@@ -59,7 +69,7 @@ class ModelScheduler:
                  choose_plan: PlanChooser | None = None, *, outputs: list[TensorSpec] | None = None,
                  monitor: LoadMonitor | None = None, workers: DeviceWorkers | None = None,
                  policy: Policy | None = None, default_plan: str | None = None,
-                 owned: Sequence[Any] = ()) -> None:
+                 owned: Sequence[Any] = (), batching: BatchingDecision | None = None) -> None:
         if not plans:
             raise ValueError("a scheduler needs at least one plan")
         self.name = name
@@ -74,9 +84,9 @@ class ModelScheduler:
         self._devices = {plan_name: plan_device(plan) for plan_name, plan in self.plans.items()}
         cpu_plans = [n for n, p in self.plans.items() if plan_kind(n, p) == "cpu"]
         self._cpu_plan = "cpu" if "cpu" in self.plans else (cpu_plans[0] if cpu_plans else None)
-        self.batching = config.batching.enabled and has_batch_dim(self.inputs, outputs or [])
-        if config.batching.enabled and not self.batching:
-            log.info("model %s: batching configured but some input/output has a fixed dim 0; batching off", name)
+        # Without a load-time decision (tests, tools), the declared shapes decide.
+        self.batching_decision = batching or decide_batching(config.batching, self.inputs, outputs or [], None)
+        self.batching = self.batching_decision.enabled
         self._sizer = BatchSizer(config.batching)
         self._delay_s = config.batching.max_queue_delay_us / 1e6
         self.counters: Counter[str] = Counter()
@@ -88,6 +98,8 @@ class ModelScheduler:
         self.in_flight = 0
         self.last_decision: Decision | None = None
         self._owned = list(owned)
+        # Guards the queue, counters, policy and sizer: the loop and the device workers' threads share them.
+        self._lock = threading.RLock()
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -102,7 +114,8 @@ class ModelScheduler:
         deadline = time.monotonic() + drain_timeout_s
         while (len(self._queue) or self.in_flight) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        self._queue.fail_all(EdgeRuntimeError(f"model {self.name!r} is shutting down"))
+        with self._lock:
+            self._queue.fail_all(EdgeRuntimeError(f"model {self.name!r} is shutting down"))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -129,8 +142,9 @@ class ModelScheduler:
         return len(self._queue)
 
     async def infer(self, feeds: Mapping[str, Any], *, priority: int = 0, timeout_ms: float | None = None,
-                    request_id: str | None = None, plan: str | None = None) -> InferenceResult:
-        """Queue one request and wait for its result.
+                    request_id: str | None = None, plan: str | None = None,
+                    validated: bool = False) -> InferenceResult:
+        """Queue one request and wait for its result; ``validated``: the caller already ran ``validate_feeds``.
 
         Raises InvalidInputError (bad feeds, before queueing), QueueFullError
         (queue at ``max_queue_size``), DeadlineExceededError (``timeout_ms``, or
@@ -140,14 +154,15 @@ class ModelScheduler:
             raise EdgeRuntimeError(f"model {self.name!r} is shutting down")
         if plan is not None and plan not in self.plans:
             raise EdgeRuntimeError(f"model {self.name!r} has no plan {plan!r}; plans: {sorted(self.plans)}")
-        arrays = validate_feeds(self.inputs, feeds)
+        arrays = dict(feeds) if validated else validate_feeds(self.inputs, feeds)
         timeout_ms = timeout_ms if timeout_ms else (self.config.queue.default_timeout_ms or None)
         deadline = time.monotonic() + timeout_ms / 1e3 if timeout_ms else None
         future = asyncio.get_running_loop().create_future()
         entry = QueuedRequest(priority=priority, feeds=arrays, future=future, deadline=deadline,
                               request_id=request_id, plan_hint=plan, rows=request_rows(arrays),
                               batch_key=batch_key(arrays))
-        self._queue.push(entry)  # QueueFullError when full
+        with self._lock:
+            self._queue.push(entry)  # QueueFullError when full
         if self._loop is None:
             await self.start()
         self._pump()
@@ -157,7 +172,8 @@ class ModelScheduler:
             # wait_for cancels the future on timeout: the pump skips it; a running one finishes unseen.
             return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            self.counters["deadline_exceeded"] += 1
+            with self._lock:
+                self.counters["deadline_exceeded"] += 1
             raise DeadlineExceededError(" ".join(
                 f"model {self.name!r}: request {request_id or ''} exceeded its {timeout_ms:g} ms deadline".split()))
         except asyncio.CancelledError:
@@ -179,34 +195,38 @@ class ModelScheduler:
         return self.policy.choose(DecisionContext(self._reading(), waits, max(1, rows)))
 
     def _pump(self) -> None:
-        """Dispatch every batch that can go now; arrange to be called again when more can."""
-        while True:
-            head = self._queue.head()
-            if head is None:
-                return
-            decision = self._decide(head)
-            device = self._devices[decision.plan]
-            worker = self._workers.worker(device)
-            if worker.in_use >= worker.slots:
-                if device not in self._waiting_for:
-                    self._waiting_for.add(device)
-                    worker.when_free(lambda: self._slot_freed(device))
-                return
-            batch = self._collect(head, decision.plan)
-            if batch is None:
-                return  # a batch timer is set
-            acquired = worker.try_acquire()
-            assert acquired, "a slot was checked free just above, with no await in between"
-            self.last_decision = decision
-            self._submit(decision, batch, worker)
+        """On the loop: dispatch every batch that can go now; arrange to be called again when more can."""
+        with self._lock:
+            while True:
+                head = self._queue.head()
+                if head is None:
+                    return
+                decision = self._decide(head)
+                device = self._devices[decision.plan]
+                worker = self._workers.worker(device)
+                if worker.in_use >= worker.slots:
+                    if device not in self._waiting_for:
+                        self._waiting_for.add(device)
+                        worker.when_free(lambda: self._slot_freed(device), owner=self)
+                    return
+                batch = self._collect(head, decision.plan)
+                if batch is None:
+                    return  # a batch timer is set
+                # Only loops take slots; worker threads only give them back, so it is still free.
+                acquired = worker.try_acquire()
+                assert acquired, "a slot was checked free just above, with no await in between"
+                self.last_decision = decision
+                self.in_flight += len(batch)
+                worker.submit(self._drive, decision, batch, worker)
 
     def _slot_freed(self, device: str) -> None:
-        self._waiting_for.discard(device)
+        with self._lock:
+            self._waiting_for.discard(device)
         self._pump()
 
-    def _collect(self, head: QueuedRequest, plan_name: str) -> list[QueuedRequest] | None:
-        """The next batch for ``plan_name`` (taken off the queue), or None and a timer set when it
-        should wait for company: until it is ready or ``max_queue_delay_us`` after its oldest request."""
+    def _collect(self, head: QueuedRequest, plan_name: str, *, on_loop: bool = True) -> list[QueuedRequest] | None:
+        """The next batch for ``plan_name`` (taken off the queue), or None when it should wait for company:
+        until it is ready or ``max_queue_delay_us`` after its oldest request (on the loop a timer is set)."""
         if not self.batching or head.rows is None:
             self._queue.take([head])
             return [head]
@@ -215,8 +235,11 @@ class ModelScheduler:
         waiting_rows = sum(entry.rows or 0 for entry in candidates)
         flush_at = min(entry.enqueued_at for entry in candidates) + self._delay_s
         remaining_s = flush_at - time.monotonic()
-        if not (self._sizer.ready(waiting_rows) or remaining_s <= 0 or self._closing):
-            if self._timer is None or self._timer.when() > self._loop.time() + remaining_s:
+        # Company is worth waiting for only while a run of this model is in flight (requests then gather
+        # behind it); an idle model, or a worker whose run just ended, goes with what is waiting.
+        idle = not on_loop or self.in_flight == 0
+        if not (idle or self._sizer.ready(waiting_rows) or remaining_s <= 0 or self._closing):
+            if on_loop and (self._timer is None or self._timer.when() > self._loop.time() + remaining_s):
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = self._loop.call_later(remaining_s, self._timer_fired)
@@ -229,49 +252,85 @@ class ModelScheduler:
         self._timer = None
         self._pump()
 
-    def _submit(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
-        reading = self._reading()
-        rows = [entry.rows or 1 for entry in batch]
-        self.in_flight += len(batch)
+    def _drive(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
+        """Worker thread: run the batch, hand its outcome to the loop, then take the next batch for this
+        device itself (no round trip through the loop between two runs) until none is ready."""
         loop = self._loop
-
-        def deliver(future: Any) -> None:  # worker thread: hand the outcome to the loop
+        while True:
+            reading = self._reading()
+            rows = [entry.rows or 1 for entry in batch]
             try:
-                loop.call_soon_threadsafe(self._finish, decision, batch, rows, worker, reading, future)
+                outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows)
+            except Exception as exc:  # handed to the callers on the loop; this thread keeps serving
+                outcome = exc
+            try:
+                loop.call_soon_threadsafe(self._finish, decision, batch, rows, reading, outcome)
             except RuntimeError:  # NOTE: the loop closed while this run was in flight; nobody waits
                 log.debug("model %s: event loop closed before a run finished; outcome dropped", self.name)
+                worker.release()
+                return
+            with self._lock:
+                try:
+                    following = self._next_for(worker)
+                except Exception:  # a bug in choosing: never strand the slot (and every later request)
+                    log.exception("model %s: choosing the next batch failed; the loop takes over", self.name)
+                    following = None
+                if following is None:
+                    worker.release()  # wakes the waiting schedulers on their loops
+                    if len(self._queue):
+                        loop.call_soon_threadsafe(self._pump)  # a timer to set, or another device to use
+                    return
+                decision, batch = following
+                self.last_decision = decision
+                self.in_flight += len(batch)
 
-        worker.submit(self._execute, decision.plan, [entry.feeds for entry in batch], rows).add_done_callback(deliver)
+    def _next_for(self, worker: DeviceWorker) -> tuple[Decision, list[QueuedRequest]] | None:
+        """Under the lock, off the loop: the next batch that is ready now for ``worker``'s device, if no
+        other scheduler waits for that device (fairness between the models sharing it)."""
+        if worker.others_waiting(self):
+            return None
+        dead: list[QueuedRequest] = []
+        head = self._queue.head(dead)
+        if dead:  # their futures are answered on the loop
+            self._loop.call_soon_threadsafe(self._queue.expire, dead)
+        if head is None:
+            return None
+        decision = self._decide(head)
+        if self._devices[decision.plan] != worker.device:
+            return None
+        batch = self._collect(head, decision.plan, on_loop=False)
+        return None if batch is None else (decision, batch)
 
-    def _finish(self, decision: Decision, batch: list[QueuedRequest], rows: list[int], worker: DeviceWorker,
-                reading: LoadReading, done: Any) -> None:
-        """On the loop, after a run: answer its requests, learn, free the slot, dispatch more."""
-        self.in_flight -= len(batch)
-        worker.release()
-        try:
-            parts, started, finished, ran, failure = done.result()
-        except Exception as exc:  # hand every failure to its callers, keep serving others
-            self.counters["failures"] += len(batch)
-            self.policy.observe(decision.plan, 0.0, sum(rows), reading, ok=False)
+    def _finish(self, decision: Decision, batch: list[QueuedRequest], rows: list[int], reading: LoadReading,
+                outcome: Any) -> None:
+        """On the loop, after a run: answer its requests and learn (the worker already moved on)."""
+        with self._lock:
+            self.in_flight -= len(batch)
+            if isinstance(outcome, BaseException):
+                self.counters["failures"] += len(batch)
+                self.policy.observe(decision.plan, 0.0, sum(rows), reading, ok=False)
+            else:
+                parts, started, finished, ran, failure = outcome
+                fallback = failure.reason if failure is not None else None
+                compute_ms = (finished - started) * 1e3
+                self.policy.observe(decision.plan, compute_ms, sum(rows), reading, ok=fallback is None)
+                self._sizer.observe(sum(rows), compute_ms)
+                self._count(decision, len(batch), sum(rows), fallback)
+        if isinstance(outcome, BaseException):
             for entry in batch:
                 if not entry.future.done():
-                    entry.future.set_exception(exc)
-        else:
-            fallback = failure.reason if failure is not None else None
-            compute_ms = (finished - started) * 1e3
-            self.policy.observe(decision.plan, compute_ms, sum(rows), reading, ok=fallback is None)
-            self._sizer.observe(sum(rows), compute_ms)
-            self._count(decision, len(batch), sum(rows), fallback)
-            plan = self.plans[ran]
-            for entry, outputs in zip(batch, parts):
-                if not entry.future.done():
-                    entry.future.set_result(InferenceResult(
-                        outputs=outputs, plan=ran, backends=tuple(plan.backends),
-                        queue_ms=(started - entry.enqueued_at) * 1e3, compute_ms=compute_ms,
-                        batch_size=sum(rows), request_id=entry.request_id, fallback=fallback,
-                        retried=failure is not None and failure.retried,
-                        ran_twice=failure is not None and failure.maybe_ran))
-        self._pump()
+                    entry.future.set_exception(outcome)
+            return
+        backends = tuple(self.plans[ran].backends)
+        for entry, outputs in zip(batch, parts):
+            if not entry.future.done():
+                entry.future.set_result(InferenceResult(
+                    outputs=outputs, plan=ran, backends=backends,
+                    queue_ms=(started - entry.enqueued_at) * 1e3, compute_ms=compute_ms,
+                    batch_size=sum(rows), request_id=entry.request_id, fallback=fallback,
+                    retried=failure is not None and failure.retried,
+                    ran_twice=failure is not None and failure.maybe_ran,
+                    fallback_labels=failure.labels if failure is not None else None))
 
     def _count(self, decision: Decision, requests: int, rows: int, fallback: str | None) -> None:
         self.counters[f"plan:{decision.plan}"] += requests
@@ -283,24 +342,10 @@ class ModelScheduler:
             self.counters["fallbacks"] += requests
             self.counters[f"fallback:{decision.plan}"] += requests
 
-    def _execute(self, plan_name: str, feeds: list[dict],
-                 rows: list[int]) -> tuple[list[dict], float, float, str, PlanFailure | None]:
-        """Worker thread: join, run (falling back to the cpu plan on BackendError), split."""
-        started = time.monotonic()
-        joined = join_feeds(feeds)
-        ran, failure = plan_name, None
-        try:
-            outputs = self.plans[plan_name].run(joined)
-        except BackendError as exc:
-            if self._cpu_plan is None or self._cpu_plan == plan_name:
-                raise
-            log.warning("model %s: plan %s failed (%s); re-running on %s", self.name, plan_name, exc, self._cpu_plan)
-            ran, failure = self._cpu_plan, PlanFailure.of(plan_name, exc)
-            outputs = self.plans[ran].run(joined)
-        if self._monitor is not None and self._devices[plan_name] == "gpu":
-            self._monitor.note_gpu_busy(started, time.monotonic())
-        parts = split_outputs(outputs, rows)
-        return parts, started, time.monotonic(), ran, failure
+    def _execute(self, plan_name: str, feeds: list[dict], rows: list[int]) -> BatchRun:
+        """Worker thread: one batch through ``run_batch`` (falling back to the cpu plan)."""
+        return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows,
+                         self._monitor if self._devices[plan_name] == "gpu" else None)
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics. Flat integer counters (present once non-zero):
@@ -312,7 +357,8 @@ class ModelScheduler:
         ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit)
         and ``estimates_ms`` (cost policy: learned unloaded ms per row per plan).
         """
-        return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
-                "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
-                "estimates_ms": self.policy.estimates_ms(), **dict(self.counters)}
+        with self._lock:
+            return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
+                    "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
+                    "estimates_ms": self.policy.estimates_ms(), **dict(self.counters)}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections import deque
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,8 +41,9 @@ def cpu_split(cores: int) -> CpuSplit:
 
 
 class DeviceWorker:
-    """Run slots of one device. Slots are taken and given back on the event loop;
-    ``submit`` runs the work in this device's threads.
+    """Run slots of one device. Loops take slots; a slot is given back by whoever holds it (a worker
+    thread that found no next batch), so the counts are guarded by a lock; ``submit`` runs the work
+    in this device's threads.
 
     A scheduler that finds no free slot registers a callback with
     ``when_free``; every release calls the registered callbacks (in
@@ -52,13 +54,19 @@ class DeviceWorker:
         self.device = device
         self.slots = max(1, slots)
         self.in_use = 0
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = deque()
+        self._lock = threading.Lock()
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, Callable[[], None], object]] = deque()
         self._own_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(self.slots, thread_name_prefix=f"edge-runtime-{device}")
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+    def others_waiting(self, owner: object) -> bool:
+        """Whether a waiter registered by someone other than ``owner`` (a scheduler) waits for a slot."""
+        with self._lock:
+            return any(waiter is not owner for _, _, waiter in self._waiters)
 
     def wait_runs(self) -> float:
         """Roughly how many run-lengths a new run would wait for a slot (0 when one is free)."""
@@ -67,23 +75,34 @@ class DeviceWorker:
         return (self.waiting + 1) / self.slots
 
     def try_acquire(self) -> bool:
-        """Take a slot if one is free."""
-        if self.in_use < self.slots:
-            self.in_use += 1
-            return True
-        return False
+        """Take a slot if one is free (on a loop)."""
+        with self._lock:
+            if self.in_use < self.slots:
+                self.in_use += 1
+                return True
+            return False
 
-    def when_free(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (soon, on the current loop) after the next release."""
-        self._waiters.append((asyncio.get_running_loop(), callback))
+    def when_free(self, callback: Callable[[], None], owner: object = None) -> None:
+        """Call ``callback`` (soon, on the current loop) after the next release, or now if one came first;
+        ``owner`` (the waiting scheduler) lets ``others_waiting`` tell its own waiters apart."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self.in_use >= self.slots:
+                self._waiters.append((loop, callback, owner))
+                return
+        loop.call_soon(callback)  # released between the caller's check and now: no wake-up is lost
 
     def release(self) -> None:
-        """Give a slot back and wake every waiter to try again."""
-        self.in_use = max(0, self.in_use - 1)
-        waiters, self._waiters = self._waiters, deque()
-        for loop, callback in waiters:
+        """Give a slot back (any thread) and wake every waiter to try again."""
+        with self._lock:
+            self.in_use = max(0, self.in_use - 1)
+            waiters, self._waiters = self._waiters, deque()
+        for loop, callback, _ in waiters:
             if not loop.is_closed():
-                loop.call_soon(callback)
+                try:
+                    loop.call_soon_threadsafe(callback)
+                except RuntimeError:  # NOTE: closed between the check and the call
+                    pass
 
     def submit(self, call: Callable[..., Any], *args: Any) -> Future:
         """``call(*args)`` in this device's threads; the event loop never blocks."""

@@ -8,12 +8,14 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from edge_runtime.server.config import ServerConfig
+from edge_runtime.server.generation_metrics import GenerationCollector
 from edge_runtime.server.metrics import ServerCollector, make_registry
 from edge_runtime.server.middleware import auth_middleware, error_middleware
-from edge_runtime.server.repository import ModelRepository
+from edge_runtime.serving.dataplane import DataPlane
+from edge_runtime.serving.repository import ModelRepository
 from edge_runtime.server.routes import add_routes
 from edge_runtime.server.state import STATE, ServerState
-from edge_runtime.server.stats import InferenceStats
+from edge_runtime.serving.stats import InferenceStats
 from edge_runtime.server.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,12 @@ def create_app(config: ServerConfig, repository: ModelRepository) -> web.Applica
     stats = InferenceStats()
     tasks = TaskStore(config.task_ttl_s, config.max_tasks, config.max_task_bytes, config.overload_status)
     registry = make_registry(ServerCollector(stats, repository, tasks.counts))
+    registry.register(GenerationCollector(repository))  # prefix cache and batch figures of generative models
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware(config.overload_status, config.retry_after_s),
                                        auth_middleware(config.token)])
-    app[STATE] = ServerState(config, repository, stats, tasks, registry)
+    plane = DataPlane(repository, stats, default_priority_level=config.default_priority_level)
+    app[STATE] = ServerState(config, plane, tasks, registry)
     add_routes(app)
     app.cleanup_ctx.append(_serve_models)
     app.on_shutdown.append(_stop_ready)
@@ -50,6 +54,7 @@ async def _serve_models(app: web.Application) -> AsyncIterator[None]:
     state.ready = False
     await state.tasks.drain(state.config.drain_timeout_s)
     await state.repository.close()
+    state.regions.close()
 
 
 async def _stop_ready(app: web.Application) -> None:

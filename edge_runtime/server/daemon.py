@@ -37,8 +37,8 @@ async def serve(settings: Settings) -> int:
 
     from edge_runtime.runtime import Runtime
     from edge_runtime.server.app import create_app
-    from edge_runtime.server.layout import demo_repository
-    from edge_runtime.server.repository import ModelRepository
+    from edge_runtime.serving.layout import demo_repository
+    from edge_runtime.serving.repository import ModelRepository
 
     config = settings.server
     runtime = Runtime(settings.runtime)

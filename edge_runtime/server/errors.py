@@ -40,6 +40,7 @@ from edge_runtime.errors import (
     QueueFullError,
     UnsupportedNodesError,
 )
+from edge_runtime.serving.dataplane import failure_reason
 
 
 class UnauthorizedError(EdgeRuntimeError):
@@ -61,37 +62,35 @@ class RequestTooLargeError(InvalidInputError):
 @dataclass(frozen=True)
 class ErrorMapping:
     status: int
-    reason: str  # the ``reason`` label of nv_inference_request_failure
+    reason: str  # the ``reason`` label of nv_inference_request_failure (the data plane's ``failure_reason``)
 
 
 OVERLOAD = -1  # placeholder status: the server's configured overload status
 
-STATUS_TABLE: tuple[tuple[type[BaseException], ErrorMapping], ...] = (
-    (QueueFullError, ErrorMapping(OVERLOAD, "REJECTED")),
-    (DeadlineExceededError, ErrorMapping(504, "TIMEOUT")),
-    (RequestTooLargeError, ErrorMapping(413, "INVALID")),
-    (UnsupportedNodesError, ErrorMapping(400, "OTHER")),
-    (InvalidInputError, ErrorMapping(400, "INVALID")),
-    (ConfigError, ErrorMapping(400, "INVALID")),
-    (ModelLoadError, ErrorMapping(400, "OTHER")),
-    (ModelNotFoundError, ErrorMapping(404, "OTHER")),
-    (UnauthorizedError, ErrorMapping(401, "OTHER")),
-    (TaskStateError, ErrorMapping(409, "OTHER")),
-    (CloudError, ErrorMapping(502, "BACKEND")),
-    (BackendError, ErrorMapping(503, "BACKEND")),
-    (BackendUnavailableError, ErrorMapping(503, "BACKEND")),
-    (EdgeRuntimeError, ErrorMapping(503, "OTHER")),
+STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
+    (QueueFullError, OVERLOAD),
+    (DeadlineExceededError, 504),
+    (RequestTooLargeError, 413),
+    (UnsupportedNodesError, 400),
+    (InvalidInputError, 400),
+    (ConfigError, 400),
+    (ModelLoadError, 400),
+    (ModelNotFoundError, 404),
+    (UnauthorizedError, 401),
+    (TaskStateError, 409),
+    (CloudError, 502),
+    (BackendError, 503),
+    (BackendUnavailableError, 503),
+    (EdgeRuntimeError, 503),
 )
 INTERNAL = ErrorMapping(500, "OTHER")
 
 
 def mapping_of(exc: BaseException, overload_status: int = 429) -> ErrorMapping:
     """Status and reason for ``exc``: the first table row it is an instance of."""
-    for cls, mapping in STATUS_TABLE:
+    for cls, status in STATUS_TABLE:
         if isinstance(exc, cls):
-            if mapping.status == OVERLOAD:
-                return ErrorMapping(overload_status, mapping.reason)
-            return mapping
+            return ErrorMapping(overload_status if status == OVERLOAD else status, failure_reason(exc))
     return INTERNAL
 
 

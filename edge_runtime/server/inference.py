@@ -1,17 +1,12 @@
-"""One inference from request bytes to response bytes, through the model's scheduler.
+"""The HTTP adapter of the data plane: v2 request bytes in, v2 response bytes out.
 
-``prepare`` does everything that can fail on the client's side at once
-(model lookup, decoding, datatype and parameter checks) so a bad request is
-answered before anything is queued, async or not. ``execute`` hands the
-request to the version's ``Dispatcher`` (its scheduler, or its cloud router)
-and encodes the result. Both record the outcome in the server's statistics.
-
-Response ``parameters`` say where and how the request ran (values are strings,
-integers and booleans, as the protocol allows): ``plan``, ``backends`` (comma
-separated), ``ran_on`` (``local``, ``cloud`` or ``split``), ``queue_us``,
-``compute_us``, ``batch_size``, ``retried`` and ``ran_twice`` (see
-``InferenceResult``), and when they apply ``fallback`` (why the first plan or
-route did not answer) and ``route`` (the cloud router's reason).
+``decode`` parses a body (pure; large JSON bodies are parsed in a worker
+thread so the event loop keeps serving). ``prepare`` resolves the model,
+checks what the wire adds (datatypes, requested outputs, ``async``) and hands
+the feeds to ``DataPlane.prepare``, so a bad request is answered before
+anything is queued, async or not. ``execute`` runs it through the data plane
+and encodes the outputs with the outcome's ``parameters`` (where and how it
+ran: see ``edge_runtime.serving.dataplane``).
 """
 
 from __future__ import annotations
@@ -20,9 +15,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from edge_runtime.errors import InvalidInputError
 from edge_runtime.protocol.codec import (
     EncodedResponse,
     InferRequest,
@@ -30,94 +22,87 @@ from edge_runtime.protocol.codec import (
     decode_request,
     encode_response,
     feeds_for,
-    schedule_parameters,
 )
-from edge_runtime.server.dispatch import Answer
-from edge_runtime.server.errors import mapping_of
-from edge_runtime.server.layout import check_model_name, parse_version
-from edge_runtime.server.repository import LoadedVersion
-from edge_runtime.server.state import ServerState
+from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
+from edge_runtime.serving.dataplane import DataPlane, PreparedInference
+from edge_runtime.serving.shared_memory import RegionLease
+
+# JSON bodies (or output sets) above this are parsed / serialised off the event loop: below it, the
+# thread hop costs more than the parse.
+OFF_LOOP_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
-class PreparedInference:
-    target: LoadedVersion
+class HttpInference:
+    """A prepared data-plane call plus the wire request it came from (for encoding its answer)."""
+
+    prepared: PreparedInference
     request: InferRequest
-    feeds: dict[str, np.ndarray]
-    rows: int  # inferences this request holds (rows of a dynamic batch dimension, else 1)
-    priority: int
-    timeout_ms: float | None
-    started_ns: int
+    lease: RegionLease | None = None  # the shared-memory regions it reads and writes
 
     @property
     def wants_async(self) -> bool:
         return self.request.parameters.get("async") is True
 
 
-def prepare(state: ServerState, name: str, version: str | None, body: bytes,
-            header_length: int | None) -> PreparedInference:
-    """Resolve the model and decode the request; raises the family's client errors."""
-    started_ns = time.perf_counter_ns()
-    check_model_name(name)
-    target = state.repository.get(name, parse_version(version) if version is not None else None)
+async def decode(body: bytes, header_length: int | None, lease: RegionLease | None = None) -> InferRequest:
+    """Parse a request body; JSON-only bodies above ``OFF_LOOP_BYTES`` in a worker thread."""
+    if header_length is None and len(body) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(decode_request, body, header_length, lease)
+    return decode_request(body, header_length, lease)
+
+
+def prepare(plane: DataPlane, name: str, version: str | None, request: InferRequest,
+            started_ns: int, lease: RegionLease | None = None) -> HttpInference:
+    """Resolve and check what the wire adds; a mistake raises and is counted on the model."""
+    target = plane.resolve(name, version)
     try:
-        request = decode_request(body, header_length)
         feeds = feeds_for(request, target.model.inputs)
         check_outputs(request, [spec.name for spec in target.model.outputs])
-        priority, timeout_ms = schedule_parameters(request.parameters, state.config.default_priority_level)
         if not isinstance(request.parameters.get("async", False), bool):
             raise InvalidInputError(f"parameters.async must be true or false, got {request.parameters['async']!r}")
     except Exception as exc:
-        _record_failure(state, target, exc, started_ns)
+        plane.record_failure(target, exc, started_ns)
         raise
-    return PreparedInference(target, request, feeds, _rows(target, feeds), priority, timeout_ms, started_ns)
+    prepared = plane.prepare(target, feeds, request.parameters, request_id=request.id, started_ns=started_ns)
+    return HttpInference(prepared, request, lease)
 
 
-async def execute(state: ServerState, prepared: PreparedInference) -> EncodedResponse:
-    """Queue on the scheduler, wait, encode; raises QueueFullError, DeadlineExceededError, ..."""
-    target = prepared.target
+def decode_failed(plane: DataPlane, name: str, version: str | None, exc: EdgeRuntimeError, started_ns: int) -> None:
+    """Count a body that did not decode on its model (an unknown model raises ModelNotFoundError instead)."""
+    plane.record_failure(plane.resolve(name, version), exc, started_ns)
+
+
+async def execute(plane: DataPlane, call: HttpInference) -> EncodedResponse:
+    """Run through the data plane and encode; raises QueueFullError, DeadlineExceededError, ...
+
+    The call's shared-memory lease ends here, whatever happens.
+    """
     try:
-        answer = await target.dispatcher.infer(prepared.feeds, priority=prepared.priority,
-                                               timeout_ms=prepared.timeout_ms, request_id=prepared.request.id)
-        result = answer.result
-        response = encode_response(target.name, str(target.version), prepared.request, result.outputs,
-                                   _parameters(answer))
-    except asyncio.CancelledError:
-        state.stats.record_failure(target.name, str(target.version), "CANCELED", _elapsed_ns(prepared.started_ns))
-        raise
-    except Exception as exc:
-        _record_failure(state, target, exc, prepared.started_ns)
-        raise
-    state.stats.record_success(target.name, str(target.version), result, prepared.rows,
-                               _elapsed_ns(prepared.started_ns), answer.fallback_labels)
-    return response
+        outcome = await plane.run(call.prepared)
+        encode = (outcome.model, str(outcome.version), call.request, outcome.outputs, outcome.parameters,
+                  call.lease)
+        try:
+            if _json_bytes(call.request, outcome.outputs) > OFF_LOOP_BYTES:
+                return await asyncio.to_thread(encode_response, *encode)
+            return encode_response(*encode)
+        except Exception as exc:
+            plane.record_failure(call.prepared.target, exc, call.prepared.started_ns)
+            raise
+    finally:
+        if call.lease is not None:
+            call.lease.release()
 
 
-def _parameters(answer: Answer) -> dict[str, str | int | bool]:
-    result = answer.result
-    parameters: dict[str, str | int | bool] = {
-        "plan": result.plan, "backends": ",".join(result.backends), "ran_on": answer.ran_on,
-        "queue_us": round(result.queue_ms * 1e3), "compute_us": round(result.compute_ms * 1e3),
-        "batch_size": result.batch_size, "retried": result.retried, "ran_twice": result.ran_twice}
-    if result.fallback:
-        parameters["fallback"] = result.fallback
-    if answer.route:
-        parameters["route"] = answer.route
-    return parameters
+def _json_bytes(request: InferRequest, outputs: dict) -> int:
+    """Roughly how many bytes of outputs go out as JSON text (binary ones cost no parse)."""
+    if request.parameters.get("binary_data_output", False) is True and not request.outputs:
+        return 0
+    if request.outputs:
+        return sum(getattr(outputs.get(o.name), "nbytes", 0) for o in request.outputs
+                   if o.shared_memory is None and o.binary is not True)
+    return sum(getattr(array, "nbytes", 0) for array in outputs.values())
 
 
-def _record_failure(state: ServerState, target: LoadedVersion, exc: BaseException, started_ns: int) -> None:
-    reason = mapping_of(exc).reason
-    state.stats.record_failure(target.name, str(target.version), reason, _elapsed_ns(started_ns))
-
-
-def _elapsed_ns(started_ns: int) -> int:
-    return time.perf_counter_ns() - started_ns
-
-
-def _rows(target: LoadedVersion, feeds: dict[str, np.ndarray]) -> int:
-    first = target.model.inputs[0] if target.model.inputs else None
-    if first is None or not first.shape or isinstance(first.shape[0], int):
-        return 1
-    array = feeds.get(first.name)
-    return int(array.shape[0]) if array is not None and array.ndim else 1
+def now_ns() -> int:
+    return time.perf_counter_ns()

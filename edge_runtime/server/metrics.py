@@ -11,6 +11,7 @@ them the same). Our own counters are typed counters (``edge_runtime_plan_total``
 | nv_inference_request_success / _failure{reason} | requests answered / failed (REJECTED, TIMEOUT, INVALID, BACKEND, CANCELED, OTHER) |
 | nv_inference_count / nv_inference_exec_count | inferences (batch rows) / model executions |
 | nv_inference_pending_request_count | requests waiting in the model's queue now |
+| edge_runtime_model_memory_bytes | resident memory each version's load added (``process_resident_memory_bytes``: the whole process) |
 | nv_inference_queue_duration_us, nv_inference_compute_infer_duration_us, nv_inference_request_duration_us | cumulative µs |
 | edge_runtime_plan_total{model,version,plan} | requests per plan the scheduler chose |
 | edge_runtime_backend_fallback_total{model,backend,reason} | requests whose stage re-ran on cpu |
@@ -38,8 +39,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from edge_runtime.server.repository import ModelRepository
-    from edge_runtime.server.stats import InferenceStats, VersionStats
+    from edge_runtime.serving.repository import ModelRepository
+    from edge_runtime.serving.stats import InferenceStats, VersionStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = ("model", "version")
@@ -98,9 +99,13 @@ class ServerCollector:
         yield failure
         pending = GaugeMetricFamily("nv_inference_pending_request_count",
                                     "Instantaneous number of pending requests awaiting execution", labels=LABELS)
+        memory = GaugeMetricFamily("edge_runtime_model_memory_bytes",
+                                   "Resident memory the model version's load added", labels=LABELS)
         for served in self._repository.served():
             pending.add_metric([served.name, str(served.version)], served.dispatcher.pending)
+            memory.add_metric([served.name, str(served.version)], served.memory_bytes)
         yield pending
+        yield memory
 
     def _ours(self) -> Iterable[Metric]:
         items = self._items()

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 _PARAMETER = re.compile(r"{(\w+)}")
 _PARAM_DOCS = {"model": "Model name (^[A-Za-z0-9_.-]+$)", "version": "Model version (a positive integer)",
-               "task_id": "Async task id, as returned by a 202 response"}
+               "task_id": "Async task id, as returned by a 202 response",
+               "region": "System shared-memory region name"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -33,12 +34,21 @@ _DURATION = _obj({"count": _INT, "ns": _INT}, ("count", "ns"))
 _TENSOR_META = _obj({"name": _STR, "datatype": {"type": "string", "enum": sorted(DATATYPES)}, "shape": _SHAPE},
                     ("name", "datatype", "shape"))
 _TENSOR = _obj({"name": _STR, "datatype": {"type": "string", "enum": sorted(DATATYPES)}, "shape": _SHAPE,
-                "parameters": _obj({"binary_data_size": {"type": "integer", "minimum": 0}}),
+                "parameters": _obj({"binary_data_size": {"type": "integer", "minimum": 0},
+                                    "shared_memory_region": _STR,
+                                    "shared_memory_offset": {"type": "integer", "minimum": 0},
+                                    "shared_memory_byte_size": {"type": "integer", "minimum": 0}}),
                 "data": {"type": "array", "description": "row-major values, flat or nested"}},
                ("name", "datatype", "shape"))
 
+_REGION = _obj({"name": _STR, "key": _STR, "offset": _INT, "byte_size": _INT}, ("name", "key", "offset", "byte_size"))
+
 SCHEMAS: dict[str, Any] = {
     "Error": _obj({"error": _STR}, ("error",)),
+    "SharedMemoryStatus": {"type": "array", "items": _REGION},
+    "SharedMemoryRegister": _obj({"key": {"type": "string", "description": "POSIX shm name, e.g. /input0"},
+                                  "offset": {"type": "integer", "minimum": 0},
+                                  "byte_size": {"type": "integer", "minimum": 1}}, ("key", "byte_size")),
     "ServerMetadata": _obj({"name": _STR, "version": _STR, "extensions": {"type": "array", "items": _STR}},
                            ("name", "version", "extensions")),
     "ModelMetadata": _obj({"name": _STR, "versions": {"type": "array", "items": _STR}, "platform": _STR,
@@ -56,7 +66,9 @@ SCHEMAS: dict[str, Any] = {
                             "binary_data_output": _BOOL,
                             "async": {"type": "boolean", "description": "answer 202 with a task"}}),
         "inputs": {"type": "array", "items": _TENSOR, "minItems": 1},
-        "outputs": {"type": "array", "items": _obj({"name": _STR, "parameters": _obj({"binary_data": _BOOL})},
+        "outputs": {"type": "array", "items": _obj({"name": _STR, "parameters": _obj({
+            "binary_data": _BOOL, "shared_memory_region": _STR, "shared_memory_offset": _INT,
+            "shared_memory_byte_size": _INT})},
                                                    ("name",))},
     }, ("inputs",)),
     "InferenceResponse": _obj({"model_name": _STR, "model_version": _STR, "id": _STR, "parameters": {

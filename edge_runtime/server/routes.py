@@ -7,20 +7,22 @@ error middleware (``errors.py`` holds the one status table).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
 import edge_runtime
-from edge_runtime.errors import InvalidInputError
+from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
 from edge_runtime.server import inference
+from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.codec import EncodedResponse, wire_datatype, wire_shape
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
+from edge_runtime.server.generate_routes import GENERATE_ROUTES
+from edge_runtime.server.openai_routes import OPENAI_ROUTES
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
-from edge_runtime.server.layout import check_model_name, parse_version
-from edge_runtime.server.repository import LoadedVersion
+from edge_runtime.serving.layout import check_model_name, parse_version
+from edge_runtime.serving.repository import LoadedVersion
 from edge_runtime.server.state import STATE, ServerState
 from edge_runtime.server.tasks import CANCELLED, FAILED, PENDING, Task
 
@@ -28,7 +30,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVER_NAME = "edge-runtime"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration",
-              "schedule_policy", "parameters", "async_tasks")
+              "schedule_policy", "parameters", "async_tasks", "system_shared_memory", "generate")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -37,7 +39,7 @@ def _state(request: web.Request) -> ServerState:
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(data, status=status, headers=headers, dumps=lambda d: json.dumps(d, separators=(",", ":")))
+    return web.Response(body=jsonio.dumps(data), status=status, headers=headers, content_type="application/json")
 
 
 def _inference_response(encoded: EncodedResponse) -> web.Response:
@@ -58,8 +60,8 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = jsonio.loads(body)
+    except (UnicodeDecodeError, jsonio.DecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidInputError("the request body must be a JSON object")
@@ -104,8 +106,16 @@ async def model_metadata(request: web.Request) -> web.Response:
         "outputs": _tensor_metadata(model.outputs),
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
                          "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
-                         "cloud_mode": target.dispatcher.cloud.mode},
+                         "cloud_mode": target.dispatcher.cloud.mode,
+                         "batching": _batching(target)},
     })
+
+
+def _batching(target: LoadedVersion) -> dict[str, Any]:
+    scheduler = target.scheduler
+    if scheduler is None:
+        return {"enabled": False, "reason": "served by the cloud alone", "max_batch_size": 1}
+    return scheduler.batching_decision.to_dict()
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -142,25 +152,56 @@ async def model_stats(request: web.Request) -> web.Response:
                     else [v for v in state.repository.served() if v.name == target.name])
     else:
         versions = state.repository.served()
-    return _json({"model_stats": [state.stats.triton(v.name, str(v.version)) for v in versions]})
+    return _json({"model_stats": [{**state.stats.triton(v.name, str(v.version)),
+                                   "memory_usage": [{"type": "CPU", "id": 0, "byte_size": v.memory_bytes}]}
+                                  for v in versions]})
 
 
 async def infer(request: web.Request) -> web.Response:
     state = _state(request)
+    started_ns = inference.now_ns()
+    name, version = request.match_info["model"], request.match_info.get("version")
     body = await _body(request)
-    header_length = _header_length(request)
-    # NOTE: no await between prepare and execute/submit: a reload cannot swap the version in between.
-    prepared = inference.prepare(state, request.match_info["model"], request.match_info.get("version"),
-                                 body, header_length)
+    lease = state.regions.lease()
+    try:
+        try:
+            decoded = await inference.decode(body, _header_length(request), lease)
+        except EdgeRuntimeError as exc:
+            inference.decode_failed(state.plane, name, version, exc, started_ns)
+            raise
+        # NOTE: no await between prepare and execute/submit: a reload cannot swap the version in between.
+        call = inference.prepare(state.plane, name, version, decoded, started_ns, lease)
+    except BaseException:
+        lease.release()
+        raise
     prefer_async = "respond-async" in request.headers.get("Prefer", "").lower()
-    if not (prefer_async or prepared.wants_async):
-        return _inference_response(await inference.execute(state, prepared))
-    task = state.tasks.submit(prepared.target.name, str(prepared.target.version),
-                              lambda: inference.execute(state, prepared))
+    if not (prefer_async or call.wants_async):
+        return _inference_response(await inference.execute(state.plane, call))
+    target = call.prepared.target
+    task = state.tasks.submit(target.name, str(target.version), lambda: inference.execute(state.plane, call))
     headers = {"Location": f"/v2/tasks/{task.id}"}
     if prefer_async:
         headers["Preference-Applied"] = "respond-async"
     return _json(task.to_dict(), status=202, headers=headers)
+
+
+# -- system shared memory (Triton's extension) -------------------------------------------------
+async def shm_register(request: web.Request) -> web.Response:
+    document = await _json_body(request)
+    name = request.match_info["region"]
+    _state(request).regions.register(name, document.get("key"), document.get("offset", 0),
+                                     document.get("byte_size"))
+    return web.Response(status=200)
+
+
+async def shm_unregister(request: web.Request) -> web.Response:
+    await _json_body(request)
+    _state(request).regions.unregister(request.match_info.get("region"))
+    return web.Response(status=200)
+
+
+async def shm_status(request: web.Request) -> web.Response:
+    return _json(_state(request).regions.status(request.match_info.get("region")))
 
 
 def _header_length(request: web.Request) -> int | None:
@@ -203,7 +244,7 @@ async def repository_unload(request: web.Request) -> web.Response:
 def _task_document(task: Task) -> dict[str, Any]:
     document = task.to_dict()
     if task.response is not None and task.response.header_length is None:
-        document["response"] = json.loads(task.response.body)
+        document["response"] = jsonio.loads(task.response.body)
     return document
 
 
@@ -284,6 +325,18 @@ ROUTES: tuple[Route, ...] = (
           "would have returned it", "InferenceResponse", tag="tasks"),
     Route("DELETE", "/v2/tasks/{task_id}", task_cancel, "Cancel a pending task or forget a finished one", "Task",
           tag="tasks"),
+    Route("GET", "/v2/systemsharedmemory/status", shm_status, "Every registered system shared-memory region",
+          "SharedMemoryStatus", tag="shared memory"),
+    Route("GET", "/v2/systemsharedmemory/region/{region}/status", shm_status, "One registered region",
+          "SharedMemoryStatus", tag="shared memory"),
+    Route("POST", "/v2/systemsharedmemory/region/{region}/register", shm_register,
+          "Register a region of a POSIX shared-memory object (key, offset, byte_size)", None,
+          "SharedMemoryRegister", tag="shared memory"),
+    Route("POST", "/v2/systemsharedmemory/region/{region}/unregister", shm_unregister,
+          "Unregister a region (refused while a running request uses it)", tag="shared memory"),
+    Route("POST", "/v2/systemsharedmemory/unregister", shm_unregister, "Unregister every region",
+          tag="shared memory"),
+    *(Route(*row) for row in GENERATE_ROUTES + OPENAI_ROUTES),  # text generation: generate_routes, openai_routes
     Route("GET", "/metrics", metrics, "Prometheus metrics", "PrometheusText", tag="operations"),
     Route("GET", "/openapi.json", openapi, "This OpenAPI 3 document", "OpenAPI", tag="operations"),
 )

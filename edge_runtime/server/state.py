@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from edge_runtime.server.config import ServerConfig
-from edge_runtime.server.repository import ModelRepository
-from edge_runtime.server.stats import InferenceStats
+from edge_runtime.serving.dataplane import DataPlane
+from edge_runtime.serving.repository import ModelRepository
+from edge_runtime.serving.shared_memory import SharedMemoryRegions
+from edge_runtime.serving.stats import InferenceStats
 from edge_runtime.server.tasks import TaskStore
 
 
@@ -18,11 +20,19 @@ class ServerState:
     """Long-lived server objects; ``ready`` is False while models load and once draining starts."""
 
     config: ServerConfig
-    repository: ModelRepository
-    stats: InferenceStats
+    plane: DataPlane
     tasks: TaskStore
     registry: CollectorRegistry
+    regions: SharedMemoryRegions = field(default_factory=SharedMemoryRegions)
     ready: bool = False
+
+    @property
+    def repository(self) -> ModelRepository:
+        return self.plane.repository
+
+    @property
+    def stats(self) -> InferenceStats:
+        return self.plane.stats
 
 
 STATE = web.AppKey("edge_runtime_state", ServerState)

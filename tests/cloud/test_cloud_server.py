@@ -49,7 +49,7 @@ async def start_b(aiohttp_client: Any, runtime: Any, root: Path, cloud_table: st
                   extra_plans: Callable[[Any], Any] | None = None) -> Any:
     from edge_runtime.server.app import create_app
     from edge_runtime.server.config import load_settings
-    from edge_runtime.server.repository import ModelRepository
+    from edge_runtime.serving.repository import ModelRepository
 
     config = root.parent / "b-server.toml"
     config.write_text(f"[server]\nport = 0\n[cloud]\n{cloud_table}")

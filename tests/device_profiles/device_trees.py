@@ -160,3 +160,12 @@ def x86_dev_box(root: Path) -> Path:
     write(root, "/etc/OpenCL/vendors/pocl.icd", "libpocl.so.2\n")
     write(root, "/usr/lib/x86_64-linux-gnu/libOpenCL.so.1", "")
     return root
+
+
+def vulkan_only_phone(root: Path) -> Path:
+    """The Snapdragon phone above without libOpenCL.so, with the Adreno Vulkan HAL driver."""
+    adreno_phone(root)
+    (root / "vendor/lib64/libOpenCL.so").unlink()
+    write(root, "/system/lib64/libvulkan.so", "")
+    write(root, "/vendor/lib64/hw/vulkan.adreno.so", "")
+    return root

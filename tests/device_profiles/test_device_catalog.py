@@ -85,8 +85,19 @@ def test_no_matching_entry_is_an_error(tmp_path):
 def test_malformed_entry_names_file_and_key(tmp_path, text, message):
     _entry(tmp_path, "bad", text)
     with pytest.raises(CatalogError, match=message) as caught:
-        load_catalog(tmp_path)
+        load_catalog(tmp_path, known_backends=("cpu", "opencl", "vulkan", "tflite"))
     assert "bad.toml" in str(caught.value)
+
+
+def test_backend_names_are_checked_against_the_names_the_caller_knows(tmp_path):
+    # device_profiles knows no backends: without known_backends any identifier passes, a non-name does not.
+    _entry(tmp_path, "npu", '[backends]\norder = ["npu", "cpu"]\n')
+    assert load_catalog(tmp_path)["npu"].backend_order == ("npu", "cpu")
+    with pytest.raises(CatalogError, match="order must list backends"):
+        load_catalog(tmp_path, known_backends=("cpu",))
+    _entry(tmp_path, "npu", '[backends]\norder = ["Open CL", "cpu"]\n')
+    with pytest.raises(CatalogError, match="lowercase identifiers"):
+        load_catalog(tmp_path)
 
 
 def test_empty_catalogue_dir_is_an_error(tmp_path):

@@ -181,7 +181,7 @@ def test_cloud_phone_with_virtual_gpu(tmp_path):
 def test_cloud_phone_with_virtual_gpu_and_delegate(tmp_path):
     profile, m = _probe_and_match(trees.vgpu_phone(tmp_path, delegate=True))
     assert m.name == "cloud-phone-vgpu"
-    assert m.backend_order == ("tflite", "vulkan", "cpu")
+    assert m.backend_order == ("vulkan", "tflite", "cpu")  # venus/virtio: the vulkan backend first
     assert m.hints["delegate"]["present"] is True
 
 

@@ -77,6 +77,8 @@ def test_demo_table_compares_every_backend_with_onnxruntime(tmp_path: Path) -> N
     assert rows["cpu"]["max_abs_diff_vs_onnxruntime"] < 1e-5
     assert report["auto_backend"] in rows
     assert (tmp_path / "models").is_dir(), "the demo model is built locally and cached"
+    generation = report["generation"]  # the decoder is built without torch, like the CNN
+    assert generation["decode_tokens_per_s"] > 0 and generation["prompt_tokens"] > 0
 
 
 @pytest.mark.parametrize("argv", [["run"], ["bogus"], ["run", "m.onnx", "--input", "no-equals-sign"]])

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ["pyopencl", "ai_edge_litert", "tflite_runtime", "aiohttp", "onnx", "onnxruntime"]
+HEAVY = ["pyopencl", "ai_edge_litert", "tflite_runtime", "aiohttp", "onnx", "onnxruntime", "tokenizers", "jinja2"]
 
 
 def test_import_edge_runtime_imports_no_heavy_library() -> None:

@@ -6,26 +6,16 @@ read the files without importing the package. Oracle: plain ONNX Runtime.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from ocr_models import ocr_models
+
 pytestmark = pytest.mark.aarch64
 
 
-def _ocr_models() -> dict[str, Path]:
-    spec = importlib.util.find_spec("rapidocr_onnxruntime")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    folder = Path(list(spec.submodule_search_locations)[0]) / "models"
-    return {kind: path for path in folder.glob("*.onnx")
-            for kind in ("det", "cls", "rec") if f"_{kind}_" in path.name}
-
-
-OCR = _ocr_models()
+OCR = ocr_models()
 # (kind, input shape): OCR nets take any H/W that is a multiple of their stride.
 CASES = [("det", (1, 3, 96, 160)), ("det", (2, 3, 64, 64)), ("cls", (3, 3, 48, 192)),
          ("rec", (1, 3, 48, 160)), ("rec", (2, 3, 48, 96))]

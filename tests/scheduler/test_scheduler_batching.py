@@ -17,8 +17,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from backends.base import TensorSpec
-from edge_runtime.scheduler import BatchingConfig, ModelScheduler, model_config
-from edge_runtime.scheduler.batching import BatchSizer, has_batch_dim, split_outputs
+from edge_runtime.scheduler import BatchingConfig, DeviceWorkers, ModelScheduler, model_config
+from edge_runtime.scheduler.batch_probe import declared_batch_dim
+from edge_runtime.scheduler.batching import BatchSizer, split_outputs
 from scheduler_fakes import InstrumentedPlan, compile_on, hold_worker, ort_oracle, wait_until
 
 ZOO = {"mlp": {"image_size": None}, "mobilenet": {"image_size": 32}, "transformer": {"image_size": None}}
@@ -87,7 +88,8 @@ async def test_requests_with_different_trailing_shapes_are_never_mixed() -> None
              for n in (3, 5, 3, 5, 5, 3, 3, 5)]
     plan = InstrumentedPlan("cpu", exe)
     sched = ModelScheduler("softmax", exe.inputs, {"cpu": plan},
-                           model_config({"batching": {"max_batch_size": 16, "max_queue_delay_us": 20_000}}),
+                           # A long delay: a stall of the loaded test machine must not flush a partial batch.
+                           model_config({"batching": {"max_batch_size": 16, "max_queue_delay_us": 300_000}}),
                            outputs=exe.outputs)
     async with sched:
         results = await asyncio.gather(*(sched.infer(f) for f in feeds))
@@ -95,23 +97,55 @@ async def test_requests_with_different_trailing_shapes_are_never_mixed() -> None
         np.testing.assert_allclose(result.outputs["Y"], oracle(feed)["Y"], rtol=1e-6, atol=1e-7)
         same_width_rows = sum(f["X"].shape[0] for f in feeds if f["X"].shape[1] == feed["X"].shape[1])
         assert result.batch_size <= same_width_rows
-    assert sorted(call["X"].shape[1] for call in plan.calls) == [3, 5]  # one run per width
+    # Every run holds one width (a request alone when the model was idle, then those gathered meanwhile).
+    assert {call["X"].shape[1] for call in plan.calls} == {3, 5}
+    assert sum(call["X"].shape[0] for call in plan.calls) == sum(f["X"].shape[0] for f in feeds)
+    assert len(plan.calls) < len(feeds)  # and some of them were joined
 
 
-async def test_lone_request_waits_at_most_the_queue_delay(mlp_cpu) -> None:
-    sched = _batched(mlp_cpu, max_batch_size=8, max_queue_delay_us=30_000)
+def _busy_batched(exe, **batching) -> tuple[ModelScheduler, InstrumentedPlan]:
+    """A batching scheduler with two cpu run slots, so a request can find the model busy and a slot free:
+    ``hold_worker(sched, held, ..., plan="held")`` keeps a run of the model in flight on the second plan."""
+    plans = {"cpu": InstrumentedPlan("cpu", exe), "held": InstrumentedPlan("held", exe)}
+    return ModelScheduler("m", exe.inputs, plans, model_config({"batching": batching}), outputs=exe.outputs,
+                          workers=DeviceWorkers(cpu_cores=8), default_plan="cpu"), plans["held"]
+
+
+async def _hold(sched: ModelScheduler, held: InstrumentedPlan, feeds: dict) -> "asyncio.Task":
+    """A request held inside plan ``held`` (the model is busy; the other cpu slot is free)."""
+    held.gate.clear()
+    task = asyncio.create_task(sched.infer(feeds, plan="held"))
+    await wait_until(lambda: sched.in_flight == 1)
+    return task
+
+
+async def test_a_lone_request_on_an_idle_model_does_not_wait_for_company(mlp_cpu) -> None:
+    sched = _batched(mlp_cpu, max_batch_size=8, max_queue_delay_us=5_000_000)
+    async with sched:
+        result = await asyncio.wait_for(sched.infer({"input": np.ones((1, 64), np.float32)}), timeout=3.0)
+    assert result.batch_size == 1
+
+
+async def test_behind_a_running_batch_a_lone_request_waits_at_most_the_queue_delay(mlp_cpu) -> None:
+    sched, plan = _busy_batched(mlp_cpu, max_batch_size=8, max_queue_delay_us=30_000)
     x = np.ones((1, 64), np.float32)
     async with sched:
-        result = await sched.infer({"input": x})
+        held = await _hold(sched, plan, {"input": x})
+        result = await sched.infer({"input": x * 2})  # a slot is free, but the model is busy: it waits
+        plan.gate.set()
+        await held
     assert result.batch_size == 1
     assert 25.0 <= result.queue_ms <= 30.0 + 150.0  # the delay, plus scheduling noise
 
 
 async def test_full_batch_goes_without_waiting_for_the_delay(mlp_cpu) -> None:
-    sched = _batched(mlp_cpu, max_batch_size=4, max_queue_delay_us=5_000_000)
+    sched, plan = _busy_batched(mlp_cpu, max_batch_size=4, max_queue_delay_us=5_000_000)
     async with sched:
+        held = await _hold(sched, plan, {"input": np.zeros((1, 64), np.float32)})
         results = await asyncio.wait_for(asyncio.gather(
             *(sched.infer({"input": np.full((1, 64), i, np.float32)}) for i in range(4))), timeout=3.0)
+        plan.gate.set()
+        await held
     assert [r.batch_size for r in results] == [4] * 4
 
 
@@ -188,4 +222,5 @@ def test_split_outputs_copies_rows_and_rejects_outputs_without_batch_rows() -> N
     assert all(not np.shares_memory(p["y"], out["y"]) for p in parts)
     with pytest.raises(Exception, match="output 'y' has shape \\[5, 2\\], expected 4 rows"):
         split_outputs(out, [2, 2])
-    assert not has_batch_dim([TensorSpec("x", "float32", ("batch", 4))], [TensorSpec("y", "float32", (1,))])
+    assert declared_batch_dim([TensorSpec("x", "float32", ("batch", 4))], [TensorSpec("y", "float32", (1,))]) == \
+        "dim 0 of 'y' is fixed at 1"

@@ -84,3 +84,46 @@ def test_models_of_one_runtime_share_device_workers(runtime, mlp_path) -> None:
     assert runtime_workers(runtime) is runtime_workers(runtime)
     assert a._workers is b._workers is runtime_workers(runtime)
     assert runtime_workers(runtime).cpu.intra_op_threads == 2
+
+
+@pytest.mark.requires_opencl
+async def test_an_adaptive_policy_serves_the_partitioners_hybrid_plan_where_it_finds_one(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.model_zoo import build_mobilenet
+    from edge_runtime.runtime import Runtime
+
+    folder = tmp_path_factory.mktemp("hybrid")
+    proto = build_mobilenet()
+    onnx.save(proto, str(folder / "mobilenet.onnx"))
+    rt = Runtime(RuntimeConfig(cache_dir=folder / "cache", intra_op_threads=2))  # OpenCL (PoCL in CI) probed
+    try:
+        model = rt.load(folder / "mobilenet.onnx", backend="cpu")
+        sched = scheduler_for(model, model_config({"scheduler": {"policy": "threshold"}}), rt, None)
+        assert "hybrid" in sched.plans, sorted(sched.plans)
+        assert {"cpu", "opencl"} <= set(sched.plans["hybrid"].backends)
+        x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
+        async with sched:
+            result = await sched.infer({"input": x}, plan="hybrid")
+        assert result.plan == "hybrid" and result.fallback is None
+        np.testing.assert_allclose(result.outputs["probabilities"],
+                                   ort_oracle(proto)({"input": x})["probabilities"], rtol=1e-3, atol=1e-4)
+    finally:
+        rt.close()
+
+
+def _spinning(plan) -> str:
+    session = plan.call.__self__.executable._session  # the ONNX Runtime session behind the plan
+    return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+
+def test_served_onnxruntime_sessions_never_spin(runtime, mlp_path) -> None:
+    from edge_runtime.scheduler.factory import serving_options
+
+    spinning = runtime.load(mlp_path, backend="cpu")  # the library default: ORT's threads spin
+    assert spinning.options.allow_spinning
+    for model in (spinning, runtime.load(mlp_path, backend="cpu", options=serving_options(runtime))):
+        sched = scheduler_for(model, model_config({"scheduler": {"policy": "cost"}}), runtime, None)
+        assert sched.plans["cpu"].call.__self__.options.allow_spinning is False
+        assert _spinning(sched.plans["cpu"]) == "0"
+        sched.discard()

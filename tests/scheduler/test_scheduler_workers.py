@@ -70,3 +70,27 @@ async def test_models_sharing_a_device_respect_its_slots(mlp_cpu, mlp_gpu_standi
         await sched.close()
     assert tracker.peak == peak
     workers.close()
+
+
+async def test_the_worker_takes_its_next_batch_itself_while_the_event_loop_is_busy(mlp_cpu) -> None:
+    """Three queued requests all run while the loop is blocked: no run waits for the loop to dispatch it."""
+    from scheduler_fakes import hold_worker
+
+    plan = InstrumentedPlan("cpu", mlp_cpu)
+    sched = ModelScheduler("mlp", mlp_cpu.inputs, {"cpu": plan}, model_config({}), workers=DeviceWorkers(cpu_cores=2))
+    x = np.ones((1, 64), np.float32)
+    async with sched:
+        first = await hold_worker(sched, plan, {"input": x})
+        queued = [asyncio.ensure_future(sched.infer({"input": x * k})) for k in (2, 3)]
+        await asyncio.sleep(0)  # let both reach the queue
+        assert sched.pending == 2
+        plan.gate.set()
+        # Block the event loop until all three ran: only the worker thread can dispatch them now.
+        deadline = threading.Event()
+        for _ in range(3000):
+            if len(plan.calls) == 3:
+                break
+            deadline.wait(0.01)
+        assert len(plan.calls) == 3, f"{len(plan.calls)} run(s) while the loop was busy: the worker waited for it"
+        results = await asyncio.gather(first, *queued)
+    assert [r.batch_size for r in results] == [1, 1, 1]

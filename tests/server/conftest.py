@@ -46,7 +46,8 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from edge_runtime.config import RuntimeConfig
     from edge_runtime.runtime import Runtime
 
-    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False))
+    # Pinned cores: one cpu run slot with two threads, whatever the machine (tests count slots).
+    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False, intra_op_threads=2))
     yield rt
     rt.close()
 
@@ -59,7 +60,7 @@ def make_app(runtime: Any, repo: Path) -> AppFactory:
     """``make_app(root=repo, extra_plans=slow_plans, load=None, cloud=None, **server_config)`` -> aiohttp app."""
     from edge_runtime.server.app import create_app
     from edge_runtime.server.config import ServerConfig
-    from edge_runtime.server.repository import ModelRepository
+    from edge_runtime.serving.repository import ModelRepository
 
     def factory(root: Path | None = None, extra_plans: Callable[[Any], Any] = slow_plans, load: Any = None,
                 cloud: Any = None, **config: Any) -> Any:
@@ -79,7 +80,7 @@ async def client(aiohttp_client: Any, make_app: AppFactory) -> Any:
 def live_server(tmp_path_factory: pytest.TempPathFactory, runtime: Any, repo: Path) -> Iterator[LiveServer]:
     from edge_runtime.server.app import create_app
     from edge_runtime.server.config import ServerConfig
-    from edge_runtime.server.repository import ModelRepository
+    from edge_runtime.serving.repository import ModelRepository
 
     root = Path(shutil.copytree(repo, tmp_path_factory.mktemp("live") / "repository"))
     server = LiveServer(create_app(ServerConfig(port=0), ModelRepository(root, runtime))).start()

@@ -137,3 +137,23 @@ async def test_specific_version_policy_and_tflite_free_layout(aiohttp_client: An
     response = await client.post("/v2/repository/models/mlp/load")
     assert response.status == 404 and "names version(s) [4]" in (await response.json())["error"]
     assert (await client.get("/v2/models/mlp/versions/3/ready")).status == 200
+
+
+@pytest.mark.parametrize("text, table, key", [
+    ("[batchng]\nmax_batch_size = 8\n", "[batchng]", None),
+    ("max_batch_size = 8\n", None, "'max_batch_size'"),
+    ("[batching]\nmax_batch_sise = 8\n", "[batching]", "'max_batch_sise'"),
+    ("[cloud]\nmode = \"never\"\nremote = \"x\"\n", "[cloud]", "'remote'"),
+    ("[serving]\nbackend = \"cpu\"\nversions = \"all\"\n", "[serving]", "'versions'"),
+])
+async def test_unknown_config_tables_and_keys_fail_the_load_naming_file_table_and_key(
+        aiohttp_client: Any, make_app: Any, repo_copy: Path, text: str, table: str | None, key: str | None) -> None:
+    client = await aiohttp_client(make_app(repo_copy))
+    config = repo_copy / "types" / "config.toml"
+    config.write_text(text)
+    response = await client.post("/v2/repository/models/types/load")
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert str(config) in error, error
+    for needle in (table, key):
+        assert needle is None or needle in error, error

@@ -16,7 +16,7 @@ from onnx import helper
 
 from backends.base import CompileOptions
 from backends.errors import BackendUnavailableError
-from opencl_helpers import assert_close, make_model, ort_outputs, rand, tensor
+from tests.backends.model_helpers import assert_close, make_model, ort_outputs, rand, tensor
 
 pytestmark = pytest.mark.requires_opencl
 

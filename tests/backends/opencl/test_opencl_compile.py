@@ -12,7 +12,7 @@ from backends.errors import BackendError, BackendUnavailableError, InvalidInputE
 from backends.onnx_graph import op_names, tensor_specs
 from bench_opencl import half_storage_outputs
 from make_models import build_mobilenet
-from opencl_helpers import assert_close, make_model, ort_outputs, rand, tensor
+from tests.backends.model_helpers import assert_close, make_model, ort_outputs, rand, tensor
 
 pytestmark = pytest.mark.requires_opencl
 

@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 
 from backends.base import CompileOptions
 from make_models import build_mlp, build_mobilenet, build_transformer
-from opencl_helpers import assert_close, make_model, ort_outputs, rand, tensor
+from tests.backends.model_helpers import assert_close, make_model, ort_outputs, rand, tensor
 
 pytestmark = pytest.mark.requires_opencl
 

@@ -33,7 +33,7 @@ from edge_runtime.scheduler import InferenceResult, ModelConfig, ModelScheduler
 if TYPE_CHECKING:
     from edge_runtime.cloud.fallback import CloudRouter, RoutedResult
     from edge_runtime.scheduler.plans import Plan
-    from edge_runtime.server.services import SharedServices
+    from edge_runtime.serving.services import SharedServices
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,12 @@ class Dispatcher:
         return self._local_ms * (1 + self.scheduler.pending)
 
     async def infer(self, feeds: Mapping[str, np.ndarray], *, priority: int = 0, timeout_ms: float | None = None,
-                    request_id: str | None = None) -> Answer:
-        """Run one request; raises what the scheduler or, where nothing local could answer, the cloud raises."""
-        options = {"priority": priority, "timeout_ms": timeout_ms, "request_id": request_id}
+                    request_id: str | None = None, validated: bool = False) -> Answer:
+        """Run one request; raises what the scheduler or, where nothing local could answer, the cloud raises.
+
+        ``validated``: the caller checked ``feeds`` against the model's inputs (the data plane does).
+        """
+        options = {"priority": priority, "timeout_ms": timeout_ms, "request_id": request_id, "validated": validated}
         if self.router is None:
             assert self.scheduler is not None
             result = await self.scheduler.infer(feeds, **options)
@@ -154,6 +157,8 @@ class Dispatcher:
 
     def _labels(self, result: InferenceResult) -> tuple[str, str] | None:
         """(backend that failed, short reason) of a result whose plan fell back, for bounded metric labels."""
+        if result.fallback_labels is not None:  # a stage inside the plan re-ran on the host
+            return result.fallback_labels
         if not result.fallback or self.scheduler is None:
             return None
         failed = next((plan for name, plan in self.scheduler.plans.items()
@@ -181,7 +186,7 @@ def build_dispatcher(name: str, path: Path, model: Any | None, config: ModelConf
     """
     from edge_runtime.scheduler.factory import scheduler_for
 
-    where = f"model {name!r} config"
+    where = config.source if config.source != "model config" else f"model {name!r} config"
     cloud = model_cloud_config(config.extra, where)
     client = services.cloud
     if cloud.mode != "never" and client is None:

@@ -1,4 +1,4 @@
-"""Shared by the OpenCL tests: tiny-model builders and the independent oracles.
+"""Shared by the backend tests: tiny-model builders and the independent oracles.
 
 Oracles: ONNX Runtime CPU first; the ONNX reference implementation where ORT
 lacks an op/opset (said per case).

@@ -21,6 +21,7 @@ every node) is served by the cloud alone when its ``[cloud]`` mode allows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,12 @@ from edge_runtime.errors import (
     ModelNotFoundError,
     UnsupportedNodesError,
 )
+from edge_runtime.generation.folder import is_generative_folder
 from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
-from edge_runtime.server.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
-from edge_runtime.server.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
+from edge_runtime.scheduler.factory import serving_options
+from edge_runtime.serving.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
+from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_name, model_file
 
 if TYPE_CHECKING:
     from edge_runtime.cloud.config import CloudConfig
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
     from edge_runtime.model import Model
     from edge_runtime.runtime import Runtime
     from edge_runtime.scheduler.plans import Plan
-    from edge_runtime.server.services import SharedServices
+    from edge_runtime.serving.services import SharedServices
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class LoadedVersion:
     dispatcher: Dispatcher
     config: ModelConfig
     serving: ServingConfig
+    memory_bytes: int = 0  # resident bytes its load added (at least the model file's size)
 
     @property
     def scheduler(self) -> ModelScheduler | None:
@@ -130,7 +134,7 @@ class ModelRepository:
     def start(self) -> "SharedServices":
         """Open the shared LoadMonitor and CloudClient (idempotent); returns them."""
         if self.services is None:
-            from edge_runtime.server.services import SharedServices
+            from edge_runtime.serving.services import SharedServices
 
             self.services = SharedServices.open(self.runtime, self._load_config, self._cloud_config)
         return self.services
@@ -215,9 +219,22 @@ class ModelRepository:
 
     def _build(self, name: str, version: int, path: Path, config: ModelConfig,
                serving: ServingConfig) -> LoadedVersion:
+        """One version, with the resident memory its load added (loads run one at a time, so the
+        process's RSS growth is this model's: sessions, weights, plans, arenas warmed by the probe)."""
+        before = _rss_bytes()
+        loaded = self._build_version(name, version, path, config, serving)
+        added = max(_rss_bytes() - before, path.stat().st_size if path.is_file() else 0)
+        return dataclasses.replace(loaded, memory_bytes=added)
+
+    def _build_version(self, name: str, version: int, path: Path, config: ModelConfig,
+                       serving: ServingConfig) -> LoadedVersion:
         services = self.start()
+        if is_generative_folder(path.parent):  # a decoder LLM folder: served by the generation routes
+            from edge_runtime.server.generation_serving import generative_version
+
+            return generative_version(name, version, path.parent, config, serving, self.runtime, services)
         try:
-            model = self.runtime.load(path, name=name, backend=serving.backend)
+            model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime))
         except CANNOT_LOAD_HERE as exc:
             # build_dispatcher re-raises exc unless the model's [cloud] section lets the peer answer alone.
             dispatcher = build_dispatcher(name, path, None, config, self.runtime, services, local_error=exc)
@@ -258,6 +275,12 @@ class ModelRepository:
     async def _drain(self, version: LoadedVersion) -> None:
         await version.dispatcher.close(self._drain_timeout_s)
         version.model.close()
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def _close_unstarted(version: LoadedVersion) -> None:

@@ -1,7 +1,8 @@
-"""Op conformance: tiny graphs on the OpenCL backend vs ONNX Runtime CPU (1e-4 relative).
+"""The op cases of the shared conformance suite (``test_backend_ops.py``): tiny graphs, fixed seeds.
 
 Sizes are deliberately odd (not multiples of the kernels' tiles), with
-broadcasting, groups, depthwise, strides, pads and dilations.
+broadcasting, groups, depthwise, strides, pads and dilations. Each case
+returns ``(model, feeds)``; ``case_inputs(name)`` seeds it by its name.
 """
 
 from __future__ import annotations
@@ -9,13 +10,9 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
 
-from backends.base import CompileOptions
-from opencl_helpers import assert_close, make_model, ort_outputs, rand, reference_outputs, tensor
-
-pytestmark = pytest.mark.requires_opencl
+from tests.backends.model_helpers import make_model, rand, tensor
 
 Case = Callable[[np.random.Generator], tuple]
 CASES: dict[str, Case] = {}
@@ -412,27 +409,5 @@ def _residual(rng):
 REFERENCE_ORACLE = {"pad_wrap"}
 
 
-def _case_inputs(name: str) -> tuple:
+def case_inputs(name: str) -> tuple:
     return CASES[name](np.random.default_rng(sorted(CASES).index(name) + 11))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _prebuild_kernels(ocl_backend) -> None:
-    """One program build for every case's kernels (PoCL pays ~0.3 s per build)."""
-    ocl_backend.prebuild([_case_inputs(name) for name in CASES], CompileOptions())
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_op_matches_onnxruntime(name: str, ocl_backend) -> None:
-    model, feeds = _case_inputs(name)
-    executable = ocl_backend.compile(model, CompileOptions())
-    got = executable.run(feeds)
-    oracle = reference_outputs if name in REFERENCE_ORACLE else ort_outputs
-    want = oracle(model, feeds)
-    assert [o.name for o in model.graph.output] == list(got)
-    for output, expected in zip(model.graph.output, want):
-        if expected.dtype == np.bool_:
-            np.testing.assert_array_equal(got[output.name], expected)
-        else:
-            assert_close(got[output.name], expected, what=f"{name}:{output.name}")
-    assert executable.backend_nodes == {"opencl": len(model.graph.node)}

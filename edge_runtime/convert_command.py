@@ -1,0 +1,86 @@
+"""``edge-runtime convert MODEL --to ncnn [--shape NAME=D,..]``: convert ahead of time.
+
+Converts an ONNX model with pnnx into the cache (``$EDGE_RUNTIME_CACHE/ncnn/<key>/``)
+and runs the correctness gate, exactly as the first load would; prints the
+folder. Copy that folder into a device's cache (same path under its
+``$EDGE_RUNTIME_CACHE``) to run the model there without pnnx.
+Exit codes as every subcommand: 0, 1 (conversion failed or refused), 2 (usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+TARGETS = ("ncnn", "ncnn_vulkan")
+
+
+def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="ONNX model file")
+    parser.add_argument("--to", choices=TARGETS, default="ncnn", help="target engine (default ncnn)")
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                        help="input NAME's full shape, batch first (repeatable); dynamic dims default "
+                             "to batch 1 and 64 otherwise")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default=None,
+                        help="weights and arithmetic (default: the runtime's, fp32)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """``["x=1,3,48,320"]`` -> ``{"x": (1, 3, 48, 320)}``; ValueError says which item is wrong."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(","))
+        except ValueError:
+            raise ValueError(f"--shape {item!r}: expected NAME=D1,D2,... with integers, like x=1,3,48,320") from None
+    return shapes
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from backends.onnx_graph import graph_inputs, load_onnx
+    from edge_runtime.planning.cost import bound_input_shapes
+    from edge_runtime.runtime import Runtime
+
+    try:
+        given = parse_shapes(args.shape)
+    except ValueError as exc:
+        print(f"edge-runtime convert: {exc}", file=sys.stderr)
+        return 2
+    proto = load_onnx(args.model)
+    inputs = graph_inputs(proto)
+    unknown = sorted(set(given) - {s.name for s in inputs})
+    if unknown:
+        print(f"edge-runtime convert: --shape names unknown input(s) {unknown}; inputs: "
+              f"{[s.name for s in inputs]}", file=sys.stderr)
+        return 2
+    shapes = bound_input_shapes(inputs, given)
+    runtime = Runtime()
+    try:
+        options = runtime.compile_options()
+        if args.precision:
+            options = dataclasses.replace(options, precision=args.precision)
+        executable = runtime.backend(args.to).compile(proto, options)
+        try:
+            bucket = executable.prepare(tuple(tuple(shapes[s.name][1:]) for s in inputs))
+            report = {"model": str(args.model), "to": args.to, "input_shapes": {k: list(v) for k, v in shapes.items()},
+                      "folder": str(bucket.folder), "converted_now": bucket.converted_now,
+                      "gate_worst_error": bucket.gate.worst, "gate_tolerance": bucket.gate.tolerance}
+        finally:
+            executable.close()
+    finally:
+        runtime.close()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        state = "converted" if report["converted_now"] else "already in the cache"
+        print(f"{args.model} -> {args.to}: {state} at {report['folder']} "
+              f"(gate: worst error {report['gate_worst_error']:.2g} <= {report['gate_tolerance']:g})")
+    return 0

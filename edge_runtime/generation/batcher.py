@@ -1,0 +1,252 @@
+"""Continuous batching: sequences join and leave the running decode batch at token boundaries.
+
+Iteration-level scheduling as Orca and vLLM do it, on one thread that owns the
+engine. Each iteration (1) admits queued requests while the batch has a free
+row and their reserved KV positions fit ``kv_budget_tokens``, (2) runs one
+decode step for every running sequence, (3) runs at most one prefill chunk of
+the oldest admitted sequence, so a new prompt delays running streams by one
+chunk at most, then (4) rebuilds the batch's KV layout when sequences left or
+finished their prefill. A cancelled sequence (client gone) leaves at the next
+iteration. ``submit`` beyond ``max_queue`` waiting requests raises
+``QueueFullError``.
+
+The prefix cache is consulted before a prefill and filled after it (the
+prompt's blocks) and when a sequence finishes (prompt and answer), so an
+agent's next step finds its history cached.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from edge_runtime.errors import InvalidInputError, QueueFullError
+from edge_runtime.generation.engine import DecoderEngine
+from edge_runtime.generation.prefix_cache import PrefixCache
+from edge_runtime.generation.sampling import SamplingParams
+from edge_runtime.generation.sequence import Sequence, Sink
+from edge_runtime.generation.settings import GenerationSettings
+
+log = logging.getLogger(__name__)
+EWMA = 0.2
+
+
+@dataclass(frozen=True)
+class BatcherStats:
+    queued: int
+    prefilling: int
+    running: int
+    reserved_tokens: int
+    budget_tokens: int
+    steps: int
+    tokens_generated: int
+    prefill_tokens: int
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None  # one stream's rate at the recent batch sizes
+
+
+class ContinuousBatcher:
+    """Owns ``engine`` on its own thread (started by ``start``, stopped by ``close``)."""
+
+    def __init__(self, engine: DecoderEngine, settings: GenerationSettings, prefix_cache: PrefixCache,
+                 eos: frozenset[int], decode: Callable) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.prefix_cache = prefix_cache
+        self.eos = eos
+        self._decode = decode
+        self.max_len = engine.kv.max_len
+        self.budget_tokens = settings.kv_budget_tokens or engine.kv.max_batch * self.max_len
+        self._queue: collections.deque[Sequence] = collections.deque()
+        self._prefilling: list[Sequence] = []
+        self._running: list[Sequence] = []  # in batch row order
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._steps = self._generated = self._prefill_tokens = 0
+        self._prefill_rate: float | None = None
+        self._decode_rate: float | None = None
+
+    # -- client side (any thread) -------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams, sink: Sink) -> Sequence:
+        """Queue a request; InvalidInputError when it cannot fit the context, QueueFullError when full."""
+        if not prompt:
+            raise InvalidInputError("the prompt is empty: give at least one token")
+        if len(prompt) >= self.max_len:
+            raise InvalidInputError(f"the prompt is {len(prompt)} tokens; this model's context is {self.max_len} "
+                                    "tokens (the prompt must leave room for at least one new token)")
+        room = self.max_len - len(prompt)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise InvalidInputError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
+                                    f"exceeds this model's context of {self.max_len} tokens")
+        sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink)
+        if sequence.reserved_tokens > self.budget_tokens:
+            raise InvalidInputError(f"the request needs {sequence.reserved_tokens} KV positions (prompt + max_tokens);"
+                                    f" the model's budget is {self.budget_tokens}: lower max_tokens")
+        with self._wake:
+            if self._stopping:
+                raise QueueFullError("the model is shutting down")
+            if len(self._queue) >= self.settings.max_queue:
+                raise QueueFullError(f"generation queue full: {len(self._queue)} requests waiting "
+                                     f"(max_queue {self.settings.max_queue}); retry later")
+            self._queue.append(sequence)
+            self._wake.notify()
+        return sequence
+
+    def cancel(self, sequence: Sequence) -> None:
+        sequence.cancelled.set()
+        with self._wake:
+            self._wake.notify()
+
+    def stats(self) -> BatcherStats:
+        with self._wake:
+            active = self._prefilling + self._running
+            return BatcherStats(len(self._queue), len(self._prefilling), len(self._running),
+                                sum(s.reserved_tokens for s in active), self.budget_tokens, self._steps,
+                                self._generated, self._prefill_tokens, self._prefill_rate, self._decode_rate)
+
+    @property
+    def pending(self) -> int:
+        with self._wake:
+            return len(self._queue) + len(self._prefilling) + len(self._running)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="edge-runtime-generate", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish running sequences for up to ``timeout_s``, then cancel the rest and stop."""
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        while self.pending and time.monotonic() < deadline and self._thread is not None:
+            time.sleep(0.01)
+        with self._wake:
+            for sequence in [*self._queue, *self._prefilling, *self._running]:
+                sequence.cancelled.set()
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=max(1.0, timeout_s))
+            self._thread = None
+
+    # -- the loop (batcher thread) --------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._queue or self._prefilling or self._running):
+                    if self._stopping:
+                        return
+                    self._wake.wait()
+                self._admit()
+            try:
+                self._iteration()
+            except Exception as exc:  # a failing step must end its sequences, never the loop
+                log.exception("generation step failed")
+                with self._wake:
+                    failed = [*self._prefilling, *self._running]
+                    self._prefilling, self._running = [], []
+                    self.engine.kv.rebuild([], [])
+                for sequence in failed:
+                    sequence.finish("error", exc)
+
+    def _admit(self) -> None:
+        reserved = sum(s.reserved_tokens for s in self._prefilling + self._running)
+        while self._queue:
+            head = self._queue[0]
+            if head.cancelled.is_set():
+                self._queue.popleft().finish("cancelled")
+                continue
+            rows = len(self._prefilling) + len(self._running)
+            if rows >= self.engine.kv.max_batch or reserved + head.reserved_tokens > self.budget_tokens:
+                return
+            self._queue.popleft()
+            head.state = "prefill"
+            reserved += head.reserved_tokens
+            self._prefilling.append(head)
+
+    def _iteration(self) -> None:
+        leaving = [i for i, s in enumerate(self._running) if s.cancelled.is_set()]
+        for i in leaving:
+            self._running[i].finish("cancelled")
+        for sequence in [s for s in self._prefilling if s.cancelled.is_set()]:
+            self._prefilling.remove(sequence)
+            sequence.finish("cancelled")
+        keep = [i for i in range(len(self._running)) if i not in set(leaving)]
+        if leaving:
+            self._relayout(keep, [])
+        if self._running:
+            self._decode_step()
+        if self._prefilling:
+            self._prefill_chunk(self._prefilling[0])
+
+    def _decode_step(self) -> None:
+        kv = self.engine.kv
+        running = self._running
+        started = time.perf_counter()
+        logits = self.engine.decode([s.generated[-1] for s in running])
+        self._rate("decode", 1.0 / max(time.perf_counter() - started, 1e-9))
+        self._steps += 1
+        self._generated += len(running)
+        keep = []
+        for row, sequence in enumerate(running):
+            done = sequence.accept(logits[row])
+            if not done and sequence.length >= self.max_len:
+                sequence.finish("length")
+                done = True
+            if done:
+                self._remember(sequence, row)
+            else:
+                keep.append(row)
+        if len(keep) < len(running):
+            self._relayout(keep, [])
+        elif not kv.can_grow():
+            # Every row is right-aligned: a full buffer means some row reached max_len (handled above),
+            # or leading pads remain; dropping them makes room.
+            self._relayout(list(range(len(running))), [])
+
+    def _prefill_chunk(self, sequence: Sequence) -> None:
+        if sequence.past is None and sequence.position == 0:
+            matched, past = self.prefix_cache.lookup(sequence.prompt)
+            sequence.position, sequence.past, sequence.cached_tokens = matched, past, matched
+        end = min(len(sequence.prompt), sequence.position + self.settings.prefill_chunk_tokens)
+        started = time.perf_counter()
+        logits, present = self.engine.prefill(sequence.prompt[sequence.position:end], sequence.past)
+        self._rate("prefill", (end - sequence.position) / max(time.perf_counter() - started, 1e-9))
+        self._prefill_tokens += end - sequence.position
+        sequence.position, sequence.past = end, present
+        if end < len(sequence.prompt):
+            return
+        self._prefilling.remove(sequence)
+        self.prefix_cache.insert(sequence.prompt, present)
+        if sequence.accept(logits):
+            sequence.past = None
+            return
+        sequence.state = "running"
+        with self._wake:  # stats() reads the lists from other threads
+            self._running.append(sequence)
+        self._relayout(list(range(len(self._running) - 1)), [present])
+        sequence.past = None
+
+    def _relayout(self, keep: list[int], joining: list) -> None:
+        """Rebuild the KV layout; ``self._running`` must already list the joining sequences at its end."""
+        self.engine.kv.rebuild(keep, joining)
+        with self._wake:
+            kept = [self._running[i] for i in keep]
+            self._running = kept + self._running[len(self._running) - len(joining):] if joining else kept
+
+    def _remember(self, sequence: Sequence, row: int) -> None:
+        """Cache the finished sequence's prompt + answer blocks (its KV holds all but the last token)."""
+        if self.prefix_cache.budget_bytes > 0:
+            tokens = sequence.prompt + sequence.generated[:-1]
+            self.prefix_cache.insert(tokens, self.engine.kv.row_kv(row))
+
+    def _rate(self, kind: str, value: float) -> None:
+        attribute = f"_{kind}_rate"
+        old = getattr(self, attribute)
+        setattr(self, attribute, value if old is None else old + EWMA * (value - old))

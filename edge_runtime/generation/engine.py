@@ -1,0 +1,105 @@
+"""``DecoderEngine``: one ONNX Runtime session of an ``optimum`` decoder, run as prefill or decode.
+
+``prefill`` runs one sequence's prompt chunk on top of its past (numpy arrays,
+at most one chunk per call, so a scheduler can interleave it with decode
+steps); ``decode`` runs one token for every row of the running batch through
+IO binding over ``BatchKV``'s preallocated buffers. The engine is synchronous
+and single-threaded: one caller (the batcher's loop) owns it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from edge_runtime.errors import ModelLoadError
+from edge_runtime.generation.folder import DecoderFolder
+from edge_runtime.generation.kv_cache import BatchKV
+
+log = logging.getLogger(__name__)
+
+
+def kv_names(layers: int) -> tuple[list[str], list[str]]:
+    """(past input names, present output names) in layer, key, value order."""
+    past = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    return past, [name.replace("past_key_values", "present") for name in past]
+
+
+class DecoderEngine:
+    """Runs the model; ``max_batch`` rows of at most ``max_len`` positions in the decode batch."""
+
+    def __init__(self, folder: DecoderFolder, *, threads: int, max_batch: int, max_len: int) -> None:
+        import onnxruntime as ort
+
+        self.folder = folder
+        if not folder.has_position_ids and max_batch > 1:
+            # Left-padded rows need explicit positions; without the input the graph derives them from
+            # the past length, which is wrong for a padded row. Such a model decodes one stream at a time.
+            log.warning("%s has no position_ids input: decoding one sequence at a time", folder.model_path)
+            max_batch = 1
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            self.session = ort.InferenceSession(str(folder.model_path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise ModelLoadError(f"{folder.model_path}: onnxruntime cannot load it ({exc})") from None
+        self.past_names, self.present_names = kv_names(folder.kv.layers)
+        self.kv = BatchKV(folder.kv, max_batch, max_len)
+        self._binding = self.session.io_binding()
+        self._logits = np.zeros(max_batch * folder.vocab_size, np.float32)
+        logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
+        self._logits_fp16 = logits_type == "tensor(float16)"
+        self.runs = 0
+
+    def empty_past(self) -> list[np.ndarray]:
+        layout = self.folder.kv
+        return [np.zeros((1, layout.kv_heads, 0, layout.head_dim), layout.dtype) for _ in self.past_names]
+
+    def prefill(self, tokens: Sequence[int], past: list[np.ndarray] | None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run ``tokens`` after ``past`` (None: empty); returns (logits of the last token [vocab], present)."""
+        past = past if past is not None else self.empty_past()
+        start = int(past[0].shape[2])
+        n = len(tokens)
+        feeds = {"input_ids": np.asarray(tokens, np.int64).reshape(1, n),
+                 "attention_mask": np.ones((1, start + n), np.int64)}
+        if self.folder.has_position_ids:
+            feeds["position_ids"] = np.arange(start, start + n, dtype=np.int64).reshape(1, n)
+        feeds.update(zip(self.past_names, past))
+        outputs = self.session.run(["logits", *self.present_names], feeds)
+        self.runs += 1
+        return np.asarray(outputs[0][0, -1], np.float32), outputs[1:]
+
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        """One step for every batch row (``tokens[i]`` for row ``i``); returns logits [rows, vocab]."""
+        kv = self.kv
+        rows = kv.rows
+        assert len(tokens) == rows and rows > 0, "one token per batch row"
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", np.asarray(tokens, np.int64).reshape(rows, 1))
+        binding.bind_cpu_input("attention_mask", kv.attention_mask())
+        if self.folder.has_position_ids:
+            binding.bind_cpu_input("position_ids", np.asarray(kv.lengths(), np.int64).reshape(rows, 1))
+        past, present = kv.bindings()
+        for name, value in zip(self.past_names, past):
+            binding.bind_ortvalue_input(name, value)
+        for name, value in zip(self.present_names, present):
+            binding.bind_ortvalue_output(name, value)
+        if self._logits_fp16:
+            binding.bind_output("logits", "cpu")
+        else:
+            from onnxruntime import OrtValue
+
+            logits = self._logits[:rows * self.folder.vocab_size].reshape(rows, 1, self.folder.vocab_size)
+            binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
+        self.session.run_with_iobinding(binding)
+        self.runs += 1
+        kv.advance()
+        if self._logits_fp16:
+            return binding.copy_outputs_to_cpu()[-1][:, -1].astype(np.float32)
+        return self._logits[:rows * self.folder.vocab_size].reshape(rows, self.folder.vocab_size)

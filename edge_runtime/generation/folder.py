@@ -1,0 +1,133 @@
+"""A generative model folder: recognised by its contents, read into a typed description.
+
+An ``optimum`` export of a decoder with past key values holds ``model.onnx``
+(``input_ids``, ``attention_mask``, optional ``position_ids``,
+``past_key_values.N.key/value``; outputs ``logits``, ``present.N.key/value``),
+``config.json``, ``generation_config.json`` and the tokenizer files. A folder
+with ``genai_config.json`` is in onnxruntime-genai's format instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.errors import ModelLoadError, ModelNotFoundError
+
+MODEL_FILE = "model.onnx"
+GENAI_CONFIG = "genai_config.json"
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_ONNX_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def is_generative_folder(folder: Path) -> bool:
+    """True when ``folder`` holds a decoder LLM: a tokenizer and either ``genai_config.json`` or a
+    ``config.json`` beside ``model.onnx``. Reads no ONNX (cheap enough for a repository scan)."""
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        return False
+    return (folder / GENAI_CONFIG).is_file() or ((folder / "config.json").is_file()
+                                                  and (folder / MODEL_FILE).is_file())
+
+
+def is_genai_folder(folder: Path) -> bool:
+    return (Path(folder) / GENAI_CONFIG).is_file()
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of the cache as the graph wants it: per layer a key and a value [batch, heads, past, dim]."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: Any  # np.float32 or np.float16
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token position costs in one sequence (all layers, key and value)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class DecoderFolder:
+    """What the engine needs from a folder, checked at load time."""
+
+    path: Path
+    model_path: Path
+    kv: KVLayout
+    vocab_size: int
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    has_position_ids: bool
+    model_type: str
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return document
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def read_folder(folder: Path) -> DecoderFolder:
+    """Describe an ``optimum`` decoder folder; ModelLoadError names what is missing or wrong."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"model folder not found: {folder}")
+    model_path = folder / MODEL_FILE
+    if not model_path.is_file():
+        raise ModelLoadError(f"{folder}: no {MODEL_FILE} (an optimum text-generation-with-past export)")
+    config = _json(folder / "config.json")
+    generation = _json(folder / "generation_config.json")
+    import onnx
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    inputs = {v.name: v for v in proto.graph.input}
+    outputs = {v.name for v in proto.graph.output}
+    missing = [n for n in ("input_ids", "attention_mask") if n not in inputs] + (
+        [] if "logits" in outputs else ["logits (output)"])
+    past = sorted({int(m.group(1)) for n in inputs if (m := _PAST.match(n))})
+    if missing or not past:
+        raise ModelLoadError(f"{model_path}: not a decoder with past key values: missing "
+                             f"{missing or ['past_key_values.N.key/value']}")
+    if past != list(range(len(past))):
+        raise ModelLoadError(f"{model_path}: past_key_values layers {past} are not 0..{len(past) - 1}")
+    for layer in past:
+        for kind in ("key", "value"):
+            if f"present.{layer}.{kind}" not in outputs:
+                raise ModelLoadError(f"{model_path}: input past_key_values.{layer}.{kind} has no output "
+                                     f"present.{layer}.{kind}")
+    first = inputs["past_key_values.0.key"].type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in first.shape.dim]
+    if len(dims) != 4 or dims[1] is None or dims[3] is None:
+        raise ModelLoadError(f"{model_path}: past_key_values.0.key must be [batch, kv_heads, past, head_dim] "
+                             f"with fixed heads and head_dim, got {dims}")
+    elem = onnx.helper.tensor_dtype_to_np_dtype(first.elem_type)
+    if elem not in (np.float32, np.float16):
+        raise ModelLoadError(f"{model_path}: KV cache dtype {elem} is not float32 or float16")
+    logits = next(v for v in proto.graph.output if v.name == "logits").type.tensor_type.shape.dim
+    vocab = logits[-1].dim_value if logits and logits[-1].HasField("dim_value") else int(config.get("vocab_size", 0))
+    if vocab <= 0:
+        raise ModelLoadError(f"{model_path}: vocabulary size unknown (logits' last dim and config.json vocab_size)")
+    context = int(config.get("max_position_embeddings") or _json(folder / "tokenizer_config.json").get(
+        "model_max_length") or 2048)
+    eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+    return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),
+                         int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")))

@@ -1,0 +1,120 @@
+"""The running batch's KV cache in preallocated buffers, bound to ONNX Runtime as OrtValues.
+
+An ``optimum`` decoder concatenates ``past`` and the new key/value into
+``present`` inside the graph, so ``present`` cannot alias ``past``. Each layer's
+key and value therefore get two flat buffers allocated once (capacity
+``max_batch * max_len`` positions): one step reads ``past`` from one as a
+``[B, heads, L, dim]`` view and writes ``present`` into the other as
+``[B, heads, L + 1, dim]``, then the two swap. Nothing is allocated per token
+and the cache never passes through a numpy copy between steps.
+
+Rows hold sequences of different lengths right-aligned: row ``i`` has
+``pads[i]`` leading zero positions that the attention mask hides, so every
+row appends its next token at the same column ``L``. The layout is rebuilt
+(one copy) only when sequences join or leave.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from edge_runtime.generation.folder import KVLayout
+
+
+class BatchKV:
+    """KV of up to ``max_batch`` sequences, each at most ``max_len`` positions long."""
+
+    def __init__(self, layout: KVLayout, max_batch: int, max_len: int) -> None:
+        self.layout = layout
+        self.max_batch = max_batch
+        self.max_len = max_len
+        size = max_batch * layout.kv_heads * max_len * layout.head_dim
+        tensors = 2 * layout.layers
+        self._flat = [[np.zeros(size, layout.dtype) for _ in range(tensors)] for _ in range(2)]
+        self._current = 0
+        self.length = 0  # L: columns in use
+        self.pads: list[int] = []  # leading pad positions per row
+
+    @property
+    def rows(self) -> int:
+        return len(self.pads)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for side in self._flat for a in side)
+
+    def lengths(self) -> list[int]:
+        """True length (tokens cached) of each row."""
+        return [self.length - pad for pad in self.pads]
+
+    def _views(self, side: int, rows: int, length: int) -> list[np.ndarray]:
+        h, d = self.layout.kv_heads, self.layout.head_dim
+        count = rows * h * length * d
+        return [flat[:count].reshape(rows, h, length, d) for flat in self._flat[side]]
+
+    def past(self) -> list[np.ndarray]:
+        return self._views(self._current, self.rows, self.length)
+
+    def present(self) -> list[np.ndarray]:
+        """Views the next step writes into: one column longer."""
+        return self._views(1 - self._current, self.rows, self.length + 1)
+
+    def bindings(self) -> tuple[list[Any], list[Any]]:
+        """(past OrtValues, present OrtValues) over the buffers, in layer/key/value order."""
+        from onnxruntime import OrtValue
+
+        return ([OrtValue.ortvalue_from_numpy(v) for v in self.past()],
+                [OrtValue.ortvalue_from_numpy(v) for v in self.present()])
+
+    def advance(self) -> None:
+        """After a step wrote ``present``: it becomes the past."""
+        self._current = 1 - self._current
+        self.length += 1
+
+    def attention_mask(self) -> np.ndarray:
+        """[B, L + 1]: zeros over each row's pads, ones over its tokens and the new one."""
+        mask = np.ones((self.rows, self.length + 1), np.int64)
+        for row, pad in enumerate(self.pads):
+            mask[row, :pad] = 0
+        return mask
+
+    def can_grow(self) -> bool:
+        return self.length + 1 <= self.max_len
+
+    def rebuild(self, keep: Sequence[int], joining: Sequence[list[np.ndarray]]) -> list[int]:
+        """New layout: rows ``keep`` (old indices, in order) then one row per ``joining`` sequence.
+
+        ``joining[j]`` is a sequence's KV, ``2 * layers`` arrays [1, heads, n_j, dim]. Leading
+        columns padded in every row are dropped. Returns the new row index of each joining one.
+        """
+        old_lengths = [self.length - self.pads[r] for r in keep]
+        new_lengths = old_lengths + [int(kv[0].shape[2]) for kv in joining]
+        if len(new_lengths) > self.max_batch:
+            raise ValueError(f"batch of {len(new_lengths)} rows exceeds max_batch {self.max_batch}")
+        length = max(new_lengths, default=0)
+        if length > self.max_len:
+            raise ValueError(f"a sequence of {length} positions exceeds the cache's {self.max_len}")
+        old = self.past()
+        side = 1 - self._current
+        new = self._views(side, len(new_lengths), length)
+        for tensor in range(len(new)):
+            target = new[tensor]
+            for row, (source_row, n) in enumerate(zip(keep, old_lengths)):
+                target[row, :, :length - n] = 0
+                target[row, :, length - n:] = old[tensor][source_row, :, self.length - n:]
+            for j, kv in enumerate(joining):
+                row = len(keep) + j
+                n = new_lengths[row]
+                target[row, :, :length - n] = 0
+                target[row, :, length - n:] = kv[tensor][0]
+        self._current = side
+        self.length = length
+        self.pads = [length - n for n in new_lengths]
+        return list(range(len(keep), len(new_lengths)))
+
+    def row_kv(self, row: int) -> list[np.ndarray]:
+        """A copy of one row's KV without pads, ``2 * layers`` arrays [1, heads, n, dim]."""
+        pad = self.pads[row]
+        return [v[row:row + 1, :, pad:].copy() for v in self.past()]

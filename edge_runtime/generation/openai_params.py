@@ -1,0 +1,134 @@
+"""OpenAI request bodies (chat completions, completions) to a prompt and ``SamplingParams``.
+
+Transport-free: the HTTP adapters and the cloud client both use it. Unknown
+fields that OpenAI defines but we ignore (``user``, ``metadata``, ...) pass;
+parameters whose meaning we cannot honour (``n > 1``, ``tools`` with a
+forced ``tool_choice``, ``response_format`` other than text) are a 400, not a
+silent change of meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.sampling import SamplingParams
+
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    """One parsed request: ``messages`` (chat) or ``prompt`` (completions)."""
+
+    model: str
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[int] | None = None
+    echo: bool = False
+    wants_async: bool = False
+    body: Mapping[str, Any] | None = None  # the request as received, for forwarding to a cloud peer
+
+    def forward_body(self, remote_model: str) -> dict[str, Any]:
+        """The body to send an OpenAI-compatible peer: its model name, streamed, with usage."""
+        body = {k: v for k, v in (self.body or {}).items() if k not in ("async", "ignore_eos", "stream_options")}
+        return {**body, "model": remote_model, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"'{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _number(body: Mapping[str, Any], key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(f"'{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+def _model(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidInputError("'model' must name a served model (see GET /v1/models)")
+    return model
+
+
+def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise InvalidInputError(f"'n' must be 1 (one choice per request), got {n!r}")
+    max_tokens = body.get("max_completion_tokens") if chat else None
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list):
+        stop = tuple(stop)
+    elif stop is None:
+        stop = ()
+    if chat:
+        logprobs = _bool(body, "logprobs")
+        top = body.get("top_logprobs") or 0
+    else:  # completions: logprobs is the number of top alternatives (0..5), null for none
+        raw = body.get("logprobs")
+        if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 5):
+            raise InvalidInputError(f"'logprobs' must be an integer in [0, 5] or null, got {raw!r}")
+        logprobs, top = raw is not None, raw or 0
+    seed = body.get("seed")
+    return SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", OPENAI_DEFAULT_TEMPERATURE),
+                          top_p=_number(body, "top_p", 1.0), seed=seed, stop=stop,
+                          presence_penalty=_number(body, "presence_penalty", 0.0),
+                          frequency_penalty=_number(body, "frequency_penalty", 0.0), logprobs=logprobs,
+                          top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"))
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, Mapping):
+        raise InvalidInputError(f"'stream_options' must be an object, got {options!r}")
+    if not stream:
+        raise InvalidInputError("'stream_options' is only allowed with 'stream': true")
+    return _bool(options, "include_usage")
+
+
+def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
+    """A ``/v1/chat/completions`` body; InvalidInputError names the bad field."""
+    model = _model(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInputError("'messages' must be a non-empty list of {role, content} objects")
+    response_format = body.get("response_format")
+    if isinstance(response_format, Mapping) and response_format.get("type") not in (None, "text"):
+        raise InvalidInputError(f"response_format {response_format.get('type')!r} is not supported; use 'text'")
+    stream = _bool(body, "stream")
+    return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
+                         messages=messages, wants_async=_bool(body, "async"), body=body)
+
+
+def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
+    """A ``/v1/completions`` body: ``prompt`` is one string or one list of token ids."""
+    model = _model(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
+        raise InvalidInputError("'prompt' must be a string or a list of token ids (one prompt per request)")
+    if body.get("suffix") is not None:
+        raise InvalidInputError("'suffix' is not supported by this model")
+    stream = _bool(body, "stream")
+    return OpenAIRequest(model, _sampling(body, chat=False), stream, _stream_options(body, stream), prompt=prompt,
+                         echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body)

@@ -1,0 +1,122 @@
+"""One generation request as the batcher sees it, and the chunks it emits.
+
+A ``Sequence`` moves ``queued`` → ``prefill`` (chunk by chunk) → ``running``
+(one token per batch step) → finished. Each chosen token goes through the
+incremental detokenizer and the stop matcher; the resulting ``Chunk`` goes to
+the request's ``sink`` (called on the batcher's thread; it must not block).
+The last chunk carries ``finish_reason`` and ``usage``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from edge_runtime.generation.detokenizer import IncrementalDetokenizer
+from edge_runtime.generation.sampling import Sampler, SamplingParams, StopMatcher, TokenChoice
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Text produced by one step (may be '' while a character or a possible stop string is held)."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenChoice, ...] = ()
+    finish_reason: str | None = None  # "stop", "length", "cancelled", "error"
+    usage: Usage | None = None
+    error: BaseException | None = None
+
+
+Sink = Callable[[Chunk], None]
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt: list[int]
+    params: SamplingParams
+    max_new: int
+    eos: frozenset[int]
+    decode: Callable[[Any], str]
+    sink: Sink
+    id: int = field(default_factory=lambda: next(_ids))
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    created_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    state: str = "queued"
+    position: int = 0  # prompt tokens whose KV exists (prefill progress)
+    cached_tokens: int = 0
+    past: list[np.ndarray] | None = None  # KV while prefilling
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.sampler = Sampler(self.params)
+        self.detokenizer = IncrementalDetokenizer(self.decode)
+        self.stops = StopMatcher(self.params.stop)
+
+    @property
+    def reserved_tokens(self) -> int:
+        """KV positions this sequence may come to hold (its admission cost)."""
+        return len(self.prompt) + self.max_new
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt), len(self.generated), self.cached_tokens)
+
+    def accept(self, logits: np.ndarray) -> bool:
+        """Choose the next token from ``logits``, emit its chunk; True when the sequence finished."""
+        choice = self.sampler.choose(logits)
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter()
+        self.generated.append(choice.token)
+        reason = None
+        if choice.token in self.eos and not self.params.ignore_eos:
+            text = self.detokenizer.flush()
+            reason = "stop"
+        else:
+            text = self.detokenizer.push(choice.token)
+            if len(self.generated) >= self.max_new:
+                text += self.detokenizer.flush()
+                reason = "length"
+        text = self.stops.feed(text)
+        if self.stops.stopped:
+            reason = "stop"
+        elif reason is not None:
+            text += self.stops.flush()
+        logprobs = (choice,) if self.params.logprobs else ()
+        self.finish_reason = reason
+        self.sink(Chunk(text, (choice.token,), logprobs, reason, self.usage() if reason else None))
+        return reason is not None
+
+    def finish(self, reason: str, error: BaseException | None = None) -> None:
+        """End without a new token (cancelled, failed, shutting down)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.sink(Chunk("", (), (), reason, self.usage(), error))

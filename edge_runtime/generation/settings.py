@@ -1,0 +1,51 @@
+"""``[generation]``: per-model settings of a generative model (``<repo>/<model>/config.toml``).
+
+::
+
+    [generation]
+    max_batch_size = 8            # sequences decoded together (continuous batching)
+    max_queue = 64                # requests waiting for admission; beyond: QueueFullError (429)
+    kv_budget_tokens = 0          # KV positions reserved by admitted sequences (prompt + max new);
+                                  # 0 = max_batch_size * max_seq_len
+    max_seq_len = 4096            # cap on the model's context length (sizes the KV buffers)
+    prefill_chunk_tokens = 256    # a prompt is prefilled in chunks this long between decode steps
+    prefix_cache_bytes = 67108864 # KV of prompt prefixes kept across requests (0 = off)
+    prefix_block_tokens = 16      # prefix cache granularity
+    threads = 0                   # ONNX Runtime intra-op threads; 0 = the runtime's
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from edge_runtime.config import from_mapping
+from edge_runtime.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_batch_size: int = 8
+    max_queue: int = 64
+    kv_budget_tokens: int = 0
+    max_seq_len: int = 4096
+    prefill_chunk_tokens: int = 256
+    prefix_cache_bytes: int = 64 * 1024 * 1024
+    prefix_block_tokens: int = 16
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("max_batch_size", "max_seq_len", "prefill_chunk_tokens", "prefix_block_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"[generation] {key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_queue", "kv_budget_tokens", "prefix_cache_bytes", "threads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"[generation] {key} must be >= 0, got {getattr(self, key)}")
+
+
+def generation_settings(extra: Mapping[str, Any], where: str) -> GenerationSettings:
+    """The ``[generation]`` table of a model config's ``extra`` sections (defaults when absent)."""
+    table = extra.get("generation", {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: [generation] must be a table")
+    return from_mapping(GenerationSettings, table, f"{where}: [generation]")

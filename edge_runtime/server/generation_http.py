@@ -1,0 +1,95 @@
+"""What the generation routes share: body parsing, finding the generative version, SSE, disconnects.
+
+Only HTTP lives here; the requests themselves are parsed by
+``edge_runtime.generation.openai_params`` and answered by the version's
+``GenerationDispatcher``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator, Awaitable, Mapping
+
+from aiohttp import web
+
+from edge_runtime.errors import InvalidInputError
+from edge_runtime.server.errors import RequestTooLargeError
+from edge_runtime.serving.layout import check_model_name
+from edge_runtime.server.state import STATE, ServerState
+
+DISCONNECT_POLL_S = 0.05
+
+
+def state_of(request: web.Request) -> ServerState:
+    return request.app[STATE]
+
+
+def dumps(document: Any) -> str:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; InvalidInputError / RequestTooLargeError otherwise."""
+    limit = state_of(request).config.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestTooLargeError(f"request body is {request.content_length} bytes; the limit is {limit}")
+    body = await request.read()
+    try:
+        document = json.loads(body) if body.strip() else None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInputError(f"malformed JSON in the request: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInputError("the request body must be a JSON object")
+    return document
+
+
+def generative(request: web.Request, name: str) -> Any:
+    """The served version ``name`` if it generates text (ModelNotFoundError / InvalidInputError)."""
+    from edge_runtime.server.generation_serving import GenerationDispatcher
+
+    loaded = state_of(request).repository.get(check_model_name(name))
+    if not isinstance(loaded.dispatcher, GenerationDispatcher):
+        raise InvalidInputError(f"model {name!r} is a tensor model, not a text generator: call "
+                                f"POST /v2/models/{name}/infer")
+    return loaded
+
+
+def is_disconnected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def until_disconnect(request: web.Request, work: Awaitable[Any]) -> Any:
+    """Await ``work``; cancel it (its sequence with it) as soon as the client hangs up."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and is_disconnected(request):
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ConnectionResetError("the client disconnected")
+    return task.result()
+
+
+async def sse(request: web.Request, events: AsyncIterator[Mapping[str, Any]], done: bool = True) -> web.StreamResponse:
+    """Stream ``events`` as ``data: {...}`` server-sent events, then ``data: [DONE]`` when ``done``.
+
+    A client that disconnects stops the iteration (closing ``events`` cancels its sequence).
+    """
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        async for event in events:
+            if is_disconnected(request):
+                break
+            await response.write(f"data: {dumps(event)}\n\n".encode())
+        else:
+            if done:
+                await response.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, ConnectionError):
+        pass
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    return response
+

@@ -1,0 +1,56 @@
+"""``/metrics`` families of the generative models, read at scrape time.
+
+| metric | meaning |
+|---|---|
+| edge_runtime_prefix_cache_lookups_total{model} / _hits_total | prompts looked up / that reused cached KV |
+| edge_runtime_prefix_cache_saved_tokens_total{model} | prompt tokens not prefilled thanks to the cache |
+| edge_runtime_prefix_cache_bytes{model}, edge_runtime_prefix_cache_budget_bytes{model} | KV kept / allowed |
+| edge_runtime_prefix_cache_evicted_blocks_total{model} | blocks dropped by the LRU |
+| edge_runtime_generation_sequences{model,state} | sequences queued, prefilling, running now |
+| edge_runtime_generation_tokens_total{model,kind} | tokens generated (``decode``) and prompt tokens run (``prefill``) |
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from edge_runtime.serving.repository import ModelRepository
+
+
+class GenerationCollector:
+    def __init__(self, repository: "ModelRepository") -> None:
+        self._repository = repository
+
+    def collect(self) -> Iterable[Metric]:
+        from edge_runtime.server.generation_serving import GenerationDispatcher
+
+        models = {v.name: v.model for v in self._repository.served() if isinstance(v.dispatcher, GenerationDispatcher)}
+        counters = {name: CounterMetricFamily(f"edge_runtime_prefix_cache_{name}", doc, labels=("model",))
+                    for name, doc in (("lookups", "Prompts looked up in the prefix cache"),
+                                      ("hits", "Prompts that reused cached KV"),
+                                      ("saved_tokens", "Prompt tokens whose prefill the prefix cache saved"),
+                                      ("evicted_blocks", "Prefix cache blocks evicted (LRU)"))}
+        gauges = {name: GaugeMetricFamily(f"edge_runtime_prefix_cache_{name}", doc, labels=("model",))
+                  for name, doc in (("bytes", "KV bytes held by the prefix cache"),
+                                    ("budget_bytes", "Byte budget of the prefix cache"))}
+        sequences = GaugeMetricFamily("edge_runtime_generation_sequences", "Sequences by state",
+                                      labels=("model", "state"))
+        tokens = CounterMetricFamily("edge_runtime_generation_tokens", "Tokens run, by kind",
+                                     labels=("model", "kind"))
+        for name, model in sorted(models.items()):
+            cache = model.prefix_cache.stats()
+            for key, value in (("lookups", cache.lookups), ("hits", cache.hits), ("saved_tokens", cache.hit_tokens),
+                               ("evicted_blocks", cache.evicted_blocks)):
+                counters[key].add_metric([name], value)
+            gauges["bytes"].add_metric([name], cache.bytes)
+            gauges["budget_bytes"].add_metric([name], cache.budget_bytes)
+            batch = model.batcher.stats()
+            for state, count in (("queued", batch.queued), ("prefilling", batch.prefilling),
+                                 ("running", batch.running)):
+                sequences.add_metric([name, state], count)
+            tokens.add_metric([name, "decode"], batch.tokens_generated)
+            tokens.add_metric([name, "prefill"], batch.prefill_tokens)
+        yield from (*counters.values(), *gauges.values(), sequences, tokens)

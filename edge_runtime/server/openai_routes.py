@@ -1,0 +1,177 @@
+"""OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+
+Handlers parse (``openai_params``), ask the version's ``GenerationDispatcher``
+for chunks and write OpenAI's JSON: one object, or server-sent events
+(``chat.completion.chunk`` / ``text_completion`` chunks, ``data: [DONE]``,
+a final usage chunk with ``stream_options.include_usage``). Errors come back
+in OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``,
+with the status of the server's one error table. ``"async": true`` answers
+202 with a task polled through ``/v2/tasks/{id}``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
+from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
+from edge_runtime.protocol.codec import EncodedResponse
+from edge_runtime.server.errors import error_headers, mapping_of, public_message
+from edge_runtime.server.generation_http import dumps, generative, json_object, sse, state_of, until_disconnect
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def openai_error(exc: BaseException, request: web.Request) -> web.Response:
+    config = state_of(request).config
+    status = mapping_of(exc, config.overload_status).status
+    code = "model_not_found" if isinstance(exc, ModelNotFoundError) else (
+        "context_length_exceeded" if "context" in str(exc) and status == 400 else None)
+    body = {"error": {"message": public_message(exc), "type": _TYPES.get(status, "server_error"),
+                      "param": None, "code": code}}
+    return web.Response(status=status, text=dumps(body), content_type="application/json",
+                        headers=error_headers(exc, config.retry_after_s))
+
+
+def _logprobs_chat(model: Any, chunk: Any) -> list[dict[str, Any]]:
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = model.tokenizer.token_text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, lp) for t, lp in c.top]} for c in chunk.logprobs]
+
+
+class _Answer:
+    """Builds the OpenAI documents of one request, chat or completion."""
+
+    def __init__(self, parsed: OpenAIRequest, loaded: Any) -> None:
+        self.parsed = parsed
+        self.chat = parsed.messages is not None
+        self.model = loaded.model
+        self.name = loaded.name
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.name, "choices": choices}
+
+    def logprobs(self, chunks: list[Any]) -> dict[str, Any] | None:
+        if not self.parsed.params.logprobs:
+            return None
+        if self.chat:
+            return {"content": [e for c in chunks for e in _logprobs_chat(self.model, c)]}
+        choices = [c for chunk in chunks for c in chunk.logprobs]
+        text = self.model.tokenizer.token_text
+        return {"tokens": [text(c.token) for c in choices], "token_logprobs": [c.logprob for c in choices],
+                "top_logprobs": [{text(t): lp for t, lp in c.top} for c in choices], "text_offset": []}
+
+    def whole(self, prompt_text: str, chunks: list[Any]) -> dict[str, Any]:
+        last = chunks[-1]
+        text = "".join(c.text for c in chunks)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
+        else:
+            choice = {"index": 0, "text": (prompt_text if self.parsed.echo else "") + text,
+                      "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
+        return {**self.envelope([choice], chunk=False), "usage": last.usage.to_dict()}
+
+    async def events(self, first: Any, rest: AsyncIterator[Any], prompt_text: str) -> AsyncIterator[dict[str, Any]]:
+        usage_field = {"usage": None} if self.parsed.include_usage else {}
+        if self.chat:
+            yield {**self.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}], True), **usage_field}
+        elif self.parsed.echo:
+            yield {**self.envelope([{"index": 0, "text": prompt_text, "logprobs": None, "finish_reason": None}],
+                                   True), **usage_field}
+        chunk, last = first, first
+        while chunk is not None:
+            last = chunk
+            if chunk.text or chunk.finish_reason or chunk.logprobs:
+                delta = {"content": chunk.text} if chunk.text else {}
+                choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": chunk.text})
+                choice["logprobs"] = self.logprobs([chunk])
+                choice["finish_reason"] = chunk.finish_reason
+                yield {**self.envelope([choice], True), **usage_field}
+            chunk = await anext(rest, None)
+        if self.parsed.include_usage and last.usage is not None:
+            yield {**self.envelope([], True), "usage": last.usage.to_dict()}
+
+
+async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
+    loaded = generative(request, parsed.model)
+    prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
+    answer = _Answer(parsed, loaded)
+    chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)
+    if parsed.wants_async:
+        if parsed.stream:
+            raise InvalidInputError("'async' and 'stream' cannot be combined")
+        return _submit_task(request, loaded, answer, chunks, prepared.text)
+    first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent
+    if parsed.stream:
+        try:
+            return await sse(request, answer.events(first, chunks, prepared.text))
+        finally:
+            await chunks.aclose()  # a client gone mid-stream: its sequence is cancelled now, not at GC
+
+    async def collect() -> list[Any]:
+        collected = [first]
+        async for chunk in chunks:
+            collected.append(chunk)
+        return collected
+
+    try:
+        collected = await until_disconnect(request, collect())
+    finally:
+        await chunks.aclose()
+    return web.Response(text=dumps(answer.whole(prepared.text, collected)), content_type="application/json")
+
+
+def _submit_task(request: web.Request, loaded: Any, answer: _Answer, chunks: AsyncIterator[Any],
+                 prompt_text: str) -> web.Response:
+    async def work() -> EncodedResponse:
+        collected = [chunk async for chunk in chunks]
+        return EncodedResponse(dumps(answer.whole(prompt_text, collected)).encode())
+
+    task = state_of(request).tasks.submit(loaded.name, str(loaded.version), work)
+    return web.Response(status=202, text=dumps(task.to_dict()), content_type="application/json",
+                        headers={"Location": f"/v2/tasks/{task.id}"})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    try:
+        return await _answer(request, parse_chat(await json_object(request)))
+    except EdgeRuntimeError as exc:
+        return openai_error(exc, request)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    try:
+        return await _answer(request, parse_completion(await json_object(request)))
+    except EdgeRuntimeError as exc:
+        return openai_error(exc, request)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    from edge_runtime.server.generation_serving import GenerationDispatcher
+
+    served = [v for v in state_of(request).repository.served() if isinstance(v.dispatcher, GenerationDispatcher)]
+    latest = {v.name: v for v in served}  # served() is sorted by version: the last one wins
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "edge-runtime",
+             "context_length": v.model.context_length} for name, v in sorted(latest.items())]
+    return web.Response(text=dumps({"object": "list", "data": data}), content_type="application/json")
+
+
+# (method, path, handler, summary, ok schema, body schema, tag): rows of routes.ROUTES
+OPENAI_ROUTES = (
+    ("POST", "/v1/chat/completions", chat_completions,
+     "OpenAI chat completions (SSE with stream: true; async: true answers 202 with a task)", None, None, "openai"),
+    ("POST", "/v1/completions", completions, "OpenAI completions (plain prompt)", None, None, "openai"),
+    ("GET", "/v1/models", list_models, "Generative models served (OpenAI list)", None, None, "openai"),
+)

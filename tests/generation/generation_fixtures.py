@@ -1,0 +1,69 @@
+"""Helpers for the generation tests: model specs, the cache folder, the no-cache oracle, a live server's URL."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_decoders import DecoderSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+from server_fixtures import LiveServer  # noqa: E402  (the server tests' live app, reused)
+
+SPECS = {
+    "qwen2": DecoderSpec(arch="qwen2", hidden=64, layers=2, heads=4, kv_heads=2, vocab=512, max_positions=256),
+    "llama": DecoderSpec(arch="llama", hidden=64, layers=2, heads=4, kv_heads=4, vocab=512, max_positions=256,
+                         seed=3),
+}
+
+
+def models_root() -> Path:
+    root = Path(os.environ.get("EDGE_RUNTIME_TEST_MODELS", Path.home() / ".cache" / "edge-runtime" / "test-models"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def make_model(folder: Path, **settings):
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+
+    return GenerativeModel(folder.name, folder, GenerationSettings(**settings), threads=1)
+
+
+def oracle_greedy(folder: Path, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:
+    """No-cache oracle: recompute the whole sequence each step (empty past), take the argmax."""
+    import onnxruntime as ort
+
+    from edge_runtime.generation.engine import kv_names
+    from edge_runtime.generation.folder import read_folder
+
+    description = read_folder(folder)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(description.model_path), options, providers=["CPUExecutionProvider"])
+    layout = description.kv
+    past_names, _ = kv_names(layout.layers)
+    tokens = list(prompt)
+    out: list[int] = []
+    for _ in range(max_new):
+        n = len(tokens)
+        feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, n), np.int64)}
+        if description.has_position_ids:
+            feeds["position_ids"] = np.arange(n, dtype=np.int64)[None]
+        for name in past_names:
+            feeds[name] = np.zeros((1, layout.kv_heads, 0, layout.head_dim), layout.dtype)
+        token = int(np.argmax(session.run(["logits"], feeds)[0][0, -1]))
+        out.append(token)
+        tokens.append(token)
+        if token in eos:
+            break
+    return out
+
+
+
+def base_url(server: LiveServer) -> str:
+    return f"http://{server.url}"

@@ -1,0 +1,160 @@
+"""Continuous batching, chunked prefill, prefix cache, cancellation and admission bounds."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from generation_fixtures import oracle_greedy
+
+PROMPTS = ["tap", "the agent taps the button and reads the screen then scrolls down to find the settings menu",
+           "open close swipe left right home back wait type search result page title label value ok cancel",
+           "héllo wörld 你好 世界 emoji 🙂", "json name arguments tool call"]
+
+
+def test_concurrent_requests_give_the_same_tokens_as_alone(qwen_folder: Path, model_factory) -> None:
+    model = model_factory(qwen_folder, max_batch_size=4, prefill_chunk_tokens=8, prefix_cache_bytes=0)
+    alone = [model.generate(p, max_tokens=8 + 6 * i) for i, p in enumerate(PROMPTS)]
+    steps_alone = model.batcher.stats().steps
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # 5 requests, 4 rows: one waits for a free row
+        together = list(pool.map(lambda ip: model.generate(ip[1], max_tokens=8 + 6 * ip[0]), enumerate(PROMPTS)))
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert b.token_ids == a.token_ids, f"prompt {i}"
+        assert b.text == a.text
+        ids = model.prepare(PROMPTS[i]).ids
+        assert list(a.token_ids) == oracle_greedy(qwen_folder, ids, 8 + 6 * i, set(model.folder.eos_token_ids))
+    assert model.batcher.stats().steps - steps_alone < steps_alone  # decode steps were shared
+
+
+def test_prefix_cache_hits_give_the_same_tokens_as_misses(qwen_folder: Path, model_factory) -> None:
+    cold = model_factory(qwen_folder, prefix_cache_bytes=0)
+    warm = model_factory(qwen_folder, prefix_block_tokens=4, prefill_chunk_tokens=16)
+    system = {"role": "system", "content": " ".join(PROMPTS[1:4])}
+    history = [system, {"role": "user", "content": "step one"}]
+    previous = 0
+    for step in range(3):
+        expected = cold.generate(messages=history, max_tokens=12)
+        got = warm.generate(messages=history, max_tokens=12)
+        assert got.token_ids == expected.token_ids, f"step {step}"
+        if step:  # the agent resent the same system prompt and history: at least that much is not prefilled
+            # (random weights answer with broken UTF-8 that re-tokenises differently, so the answer may miss)
+            assert got.usage.cached_tokens >= previous // 4 * 4 - 4
+        previous = got.usage.prompt_tokens
+        history += [{"role": "assistant", "content": got.text}, {"role": "user", "content": f"step {step + 2}"}]
+    stats = warm.prefix_cache.stats()
+    assert stats.hits >= 2 and stats.hit_tokens > 0 and stats.bytes <= stats.budget_bytes
+
+
+def test_prefix_cache_lru_stays_under_its_byte_budget(qwen_folder: Path, model_factory) -> None:
+    model = model_factory(qwen_folder, prefix_block_tokens=4)
+    block_bytes = 4 * model.folder.kv.bytes_per_token
+    model.prefix_cache.budget_bytes = 5 * block_bytes
+    for prompt in PROMPTS:
+        model.generate(prompt, max_tokens=4)
+    stats = model.prefix_cache.stats()
+    assert stats.bytes <= 5 * block_bytes and stats.evicted_blocks > 0
+    again = model.generate(PROMPTS[-1], max_tokens=4)  # the most recent prompt is still cached
+    assert again.usage.cached_tokens > 0
+
+
+def test_cancel_stops_the_sequence_at_the_next_token(qwen_folder: Path, model_factory) -> None:
+    model = model_factory(qwen_folder)
+    seen = threading.Event()
+    chunks = []
+
+    def sink(chunk) -> None:
+        chunks.append(chunk)
+        seen.set()
+
+    from edge_runtime.generation.model import sampling_params
+
+    handle = model.submit(model.prepare(PROMPTS[1]), sampling_params(max_tokens=200, ignore_eos=True,
+                                                                     temperature=0.0), sink)
+    assert seen.wait(30)
+    model.cancel(handle)
+    deadline = threading.Event()
+    for _ in range(300):
+        if chunks and chunks[-1].finish_reason:
+            break
+        deadline.wait(0.05)
+    assert chunks[-1].finish_reason == "cancelled"
+    assert len([c for c in chunks if c.token_ids]) < 200
+    assert model.batcher.pending == 0
+
+
+def test_queue_beyond_its_bound_is_refused(qwen_folder: Path, model_factory) -> None:
+    from edge_runtime.errors import QueueFullError
+    from edge_runtime.generation.model import sampling_params
+
+    model = model_factory(qwen_folder, max_batch_size=1, max_queue=1)
+    params = sampling_params(max_tokens=150, ignore_eos=True, temperature=0.0)
+    handles = []
+    with pytest.raises(QueueFullError, match="queue full"):
+        for _ in range(5):
+            handles.append(model.submit(model.prepare(PROMPTS[0]), params, lambda c: None))
+    for handle in handles:
+        model.cancel(handle)
+
+
+def test_sampling_is_reproducible_with_a_seed_and_honours_stop(qwen_folder: Path, model_factory) -> None:
+    model = model_factory(qwen_folder)
+    a = model.generate(PROMPTS[0], max_tokens=30, temperature=1.0, top_p=0.9, seed=7)
+    b = model.generate(PROMPTS[0], max_tokens=30, temperature=1.0, top_p=0.9, seed=7)
+    c = model.generate(PROMPTS[0], max_tokens=30, temperature=1.0, top_p=0.9, seed=8)
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+    greedy = model.generate(PROMPTS[0], max_tokens=30)
+    stop = greedy.text[6:9]
+    assert stop
+    cut = model.generate(PROMPTS[0], max_tokens=30, stop=[stop])
+    assert cut.finish_reason == "stop" and cut.text == greedy.text[:greedy.text.find(stop)]
+    penalised = model.generate(PROMPTS[0], max_tokens=30, frequency_penalty=2.0, presence_penalty=2.0)
+    assert len(set(penalised.token_ids)) >= len(set(greedy.token_ids))
+
+
+def test_logprobs_are_the_log_softmax_of_the_oracle_logits(qwen_folder: Path, model_factory) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    model = model_factory(qwen_folder)
+    result = model.generate(PROMPTS[0], max_tokens=3, logprobs=True, top_logprobs=3)
+    ids = model.prepare(PROMPTS[0]).ids
+    session = ort.InferenceSession(str(model.folder.model_path), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
+             "position_ids": np.arange(len(ids))[None]}
+    layout = model.folder.kv
+    feeds.update({f"past_key_values.{i}.{k}": np.zeros((1, layout.kv_heads, 0, layout.head_dim), np.float32)
+                  for i in range(layout.layers) for k in ("key", "value")})
+    logits = session.run(["logits"], feeds)[0][0, -1].astype(np.float64)
+    expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    first = result.logprobs[0]
+    assert first.logprob == pytest.approx(expected[first.token], abs=1e-4)
+    assert [t for t, _ in first.top] == list(np.argsort(-expected)[:3])
+
+
+def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(qwen_folder: Path, model_factory) -> None:
+    from edge_runtime.generation.model import sampling_params
+
+    model = model_factory(qwen_folder, prefill_chunk_tokens=8, prefix_cache_bytes=0)
+    engine = model.engine
+    calls: list[tuple[str, int]] = []
+    prefill, decode = engine.prefill, engine.decode
+    engine.prefill = lambda tokens, past: (calls.append(("prefill", len(tokens))), prefill(tokens, past))[1]
+    engine.decode = lambda tokens: (calls.append(("decode", len(tokens))), decode(tokens))[1]
+    started = threading.Event()
+    params = sampling_params(max_tokens=200, ignore_eos=True, temperature=0.0)  # outlives the long prefill
+    running = model.submit(model.prepare(PROMPTS[0]), params, lambda c: started.set())
+    assert started.wait(30)
+    long_prompt = model.prepare(" ".join(PROMPTS[1:4]))
+    assert len(long_prompt.ids) > 30
+    result = model.generate(long_prompt.ids, max_tokens=4)
+    assert result.usage.prompt_tokens == len(long_prompt.ids)
+    model.cancel(running)
+    first = next(i for i, c in enumerate(calls) if c == ("prefill", 8) and i > 0)
+    window = calls[first:first + 2 * (len(long_prompt.ids) // 8)]
+    # between two prefill chunks of the long prompt, the running stream got its decode step
+    for a, b in zip(window, window[1:]):
+        assert not (a[0] == "prefill" and b[0] == "prefill"), window
+    assert max(n for kind, n in calls if kind == "prefill") <= 8

@@ -1,0 +1,104 @@
+"""Edge-cloud for generation against a second edge-runtime process (an OpenAI-compatible peer).
+
+The peer serves the same weights as ``chat``, so whichever side answers, greedy
+output must be the same tokens: the local model is the oracle of the cloud path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cloud_peer import ServerProcess
+from generation_fixtures import LiveServer, base_url
+
+TOKEN = "generation-peer-token"
+LONG = [{"role": "user", "content": "open close swipe left right home back wait type search result page title"}]
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("peer-repository")
+    shutil.copytree(qwen_folder, root / "chat" / "1")
+    server = ServerProcess.start(root, tmp_path_factory.mktemp("peer-logs") / "peer.log",
+                                 env={"EDGE_RUNTIME_TOKEN": TOKEN}, timeout_s=120)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(peer: ServerProcess, tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Iterator[LiveServer]:
+    from edge_runtime.cloud.config import CloudConfig
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.config import ServerConfig
+    from edge_runtime.serving.repository import ModelRepository
+
+    root = tmp_path_factory.mktemp("edge-repository")
+    configs = {
+        "local": "",
+        "small": '[generation]\nmax_seq_len = 24\n[cloud]\nmode = "fallback"\nremote_model = "chat"\n',
+        "always": '[cloud]\nmode = "always"\nremote_model = "chat"\n',
+        "dead": '[cloud]\nmode = "always"\nremote_model = "no-such-model"\n',
+    }
+    for name, config in configs.items():
+        shutil.copytree(qwen_folder, root / name / "1")
+        (root / name / "config.toml").write_text(config)
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False,
+                                    intra_op_threads=1))
+    cloud = CloudConfig(url=peer.url, token=TOKEN, timeout_ms=60000, breaker_failures=5)
+    app = create_app(ServerConfig(), ModelRepository(root, runtime, cloud=cloud, drain_timeout_s=5.0))
+    live = LiveServer(app).start()
+    yield live
+    live.stop()
+    runtime.close()
+
+
+def _metric(server: LiveServer, prefix: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(base_url(server) + "/metrics") as response:
+        lines = [line for line in response.read().decode().splitlines() if line.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def _client(server: Any, token: str = "unused") -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=(server.url if isinstance(server, ServerProcess) else base_url(server)) + "/v1",
+                         api_key=token, max_retries=0, timeout=60)
+
+
+def test_prompt_beyond_the_local_context_goes_to_the_cloud(edge: LiveServer, peer: ServerProcess) -> None:
+    import openai
+
+    expected = _client(edge).chat.completions.create(model="local", messages=LONG, max_tokens=12, temperature=0)
+    direct = _client(peer, TOKEN).chat.completions.create(model="chat", messages=LONG, max_tokens=12, temperature=0)
+    routed = _client(edge).chat.completions.create(model="small", messages=LONG, max_tokens=12, temperature=0)
+    assert routed.choices[0].message.content == direct.choices[0].message.content == expected.choices[0].message.content
+    assert routed.usage.completion_tokens == expected.usage.completion_tokens
+    assert _metric(edge, 'edge_runtime_cloud_calls_total{model="small",outcome="ok"}') >= 1
+    with pytest.raises(openai.AuthenticationError):  # the peer really checks the token the edge sent
+        _client(peer, "wrong").chat.completions.create(model="chat", messages=LONG, max_tokens=2)
+
+
+def test_cloud_streams_pass_through_chunk_by_chunk(edge: LiveServer) -> None:
+    client = _client(edge)
+    expected = client.completions.create(model="local", prompt="the agent taps", max_tokens=16, temperature=0)
+    chunks = list(client.completions.create(model="always", prompt="the agent taps", max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.choices[0].text
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1
+    assert chunks[-1].usage.completion_tokens == expected.usage.completion_tokens
+
+
+def test_a_cloud_failure_before_the_first_token_falls_back_to_local(edge: LiveServer) -> None:
+    client = _client(edge)
+    expected = client.chat.completions.create(model="local", messages=LONG, max_tokens=10, temperature=0)
+    got = client.chat.completions.create(model="dead", messages=LONG, max_tokens=10, temperature=0)
+    assert got.choices[0].message.content == expected.choices[0].message.content
+    assert _metric(edge, 'edge_runtime_cloud_calls_total{model="dead",outcome="http_error"}') >= 1

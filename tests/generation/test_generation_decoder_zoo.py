@@ -1,0 +1,88 @@
+"""The torch-free decoder (``edge_runtime.decoder_zoo``) against transformers' Qwen2 and the oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from generation_fixtures import oracle_greedy
+
+
+def test_logits_equal_transformers_qwen2_on_the_same_weights() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import onnxruntime as ort
+
+    from edge_runtime.decoder_zoo import DecoderShape, build_decoder, random_weights
+
+    shape = DecoderShape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=96, vocab=300, max_positions=64)
+    weights = random_weights(shape, seed=4)
+    config = transformers.Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                                      num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                                      intermediate_size=shape.intermediate, max_position_embeddings=shape.max_positions,
+                                      rms_norm_eps=shape.rms_eps, rope_theta=shape.rope_theta, tie_word_embeddings=True)
+    hf = transformers.Qwen2ForCausalLM(config).eval()
+    state = {k: torch.from_numpy(v) for k, v in weights.items()}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    hf.load_state_dict(state, strict=True)
+    session = ort.InferenceSession(build_decoder(shape, weights).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(0).integers(0, shape.vocab, (2, 11))
+    mask = np.ones((2, 11), np.int64)
+    mask[1, :3] = 0  # left padding in row 1, as batched decoding uses
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    for n in range(shape.layers):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{n}.{kind}"] = np.zeros((2, shape.kv_heads, 0, shape.head_dim), np.float32)
+    ours = session.run(["logits"], feeds)[0]
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                    position_ids=torch.from_numpy(positions)).logits.numpy()
+    np.testing.assert_allclose(ours[0], theirs[0], atol=2e-3, rtol=1e-3)
+    np.testing.assert_allclose(ours[1, 3:], theirs[1, 3:], atol=2e-3, rtol=1e-3)  # padded queries are undefined
+
+
+def test_demo_folder_generates_like_the_oracle(tmp_path: Path, model_factory) -> None:
+    from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+
+    folder = write_decoder_folder(tmp_path / "tiny", DecoderShape(vocab=600, max_positions=128), seed=1)
+    model = model_factory(folder, max_batch_size=2)
+    messages = [{"role": "user", "content": "open the settings menu"}]
+    result = model.generate(messages=messages, max_tokens=16)
+    expected = oracle_greedy(folder, model.prepare(messages=messages).ids, 16, set(model.folder.eos_token_ids))
+    assert list(result.token_ids) == expected
+    assert len(set(expected)) > 3  # varied tokens, not one repeated
+
+
+def test_our_graph_from_hf_weights_generates_like_the_optimum_export(hf_model_folder: Path, onnx_folder: Path,
+                                                                     tmp_path: Path, model_factory) -> None:
+    pytest.importorskip("safetensors")
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+
+    lean = model_factory(decoder_folder_from_hf(hf_model_folder, tmp_path / "lean"), max_batch_size=2)
+    exported = model_factory(onnx_folder)
+    messages = [{"role": "user", "content": "open the settings menu then scroll down"}]
+    a = lean.generate(messages=messages, max_tokens=20)
+    b = exported.generate(messages=messages, max_tokens=20)
+    assert a.token_ids == b.token_ids
+    assert list(a.token_ids) == oracle_greedy(onnx_folder, exported.prepare(messages=messages).ids, 20,
+                                              set(exported.folder.eos_token_ids))
+
+
+def test_fp16_kv_cache_matches_its_own_no_cache_oracle(tmp_path: Path, model_factory) -> None:
+    import onnx
+    from onnxconverter_common import float16
+
+    from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+
+    folder = write_decoder_folder(tmp_path / "fp16", DecoderShape(vocab=600, max_positions=128), seed=2)
+    model = onnx.load(str(folder / "model.onnx"))
+    onnx.save(float16.convert_float_to_float16(model, keep_io_types=False), str(folder / "model.onnx"))
+    fp16 = model_factory(folder, max_batch_size=2)
+    assert fp16.folder.kv.dtype == np.float16
+    prompt = fp16.prepare("the agent taps the button").ids
+    result = fp16.generate(prompt, max_tokens=12)
+    assert list(result.token_ids) == oracle_greedy(folder, prompt, 12, set(fp16.folder.eos_token_ids))

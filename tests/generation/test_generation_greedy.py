@@ -1,0 +1,87 @@
+"""Greedy generation against independent oracles: a no-cache recompute and transformers' generate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from generation_fixtures import oracle_greedy
+
+MESSAGES = [{"role": "system", "content": "You are a phone agent."},
+            {"role": "user", "content": "open the settings menu then scroll down, héllo 你好"}]
+
+
+def test_greedy_equals_no_cache_oracle(onnx_folder: Path, model_factory) -> None:
+    model = model_factory(onnx_folder, prefill_chunk_tokens=7)  # several prefill chunks per prompt
+    for messages in (MESSAGES, MESSAGES[1:]):
+        prepared = model.prepare(messages=messages)
+        result = model.generate(messages=messages, max_tokens=24)
+        expected = oracle_greedy(onnx_folder, prepared.ids, 24, set(model.folder.eos_token_ids))
+        assert list(result.token_ids) == expected
+        assert result.usage.prompt_tokens == len(prepared.ids)
+        assert result.usage.completion_tokens == len(expected)
+        assert result.finish_reason == ("stop" if expected[-1] in model.folder.eos_token_ids else "length")
+
+
+def test_greedy_equals_transformers_generate(onnx_folder: Path, hf_model_folder: Path, model_factory) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_model_folder).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_model_folder)
+    model = model_factory(onnx_folder)
+    for messages in (MESSAGES, [{"role": "user", "content": "tap ok"}]):
+        ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        assert model.prepare(messages=messages).ids == ids  # our template rendering = transformers'
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=20, do_sample=False, pad_token_id=hf_tokenizer.pad_token_id
+                              or hf.generation_config.eos_token_id[0])
+        expected = out[0, len(ids):].tolist()
+        result = model.generate(messages=messages, max_tokens=20)
+        assert list(result.token_ids) == expected
+        assert result.text == hf_tokenizer.decode(expected, skip_special_tokens=True)
+    prompt = "the agent taps the button"
+    assert model.prepare(prompt).ids == hf_tokenizer(prompt)["input_ids"]
+
+
+def test_streaming_concatenates_to_the_whole_text(onnx_folder: Path, model_factory) -> None:
+    import asyncio
+
+    model = model_factory(onnx_folder)
+
+    async def collect() -> list:
+        return [chunk async for chunk in model.stream(messages=MESSAGES, max_tokens=40)]
+
+    chunks = asyncio.run(collect())
+    whole = model.generate(messages=MESSAGES, max_tokens=40)
+    assert "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks for t in c.token_ids] == list(whole.token_ids)
+    assert all("\ufffd" not in c.text for c in chunks) or "\ufffd" in whole.text
+    assert chunks[-1].finish_reason == whole.finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == len(whole.token_ids)
+    assert whole.usage.cached_tokens > 0  # the second request found the first one's prompt cached
+    assert whole.text == model.tokenizer.decode(whole.token_ids)
+
+
+def test_prompt_longer_than_context_names_both_lengths(qwen_folder: Path, model_factory) -> None:
+    from edge_runtime.errors import InvalidInputError
+
+    model = model_factory(qwen_folder, max_seq_len=64)
+    with pytest.raises(InvalidInputError, match=r"is 7\d tokens; this model's context is 64"):
+        model.generate(list(range(3, 3 + 70)), max_tokens=4)
+    with pytest.raises(InvalidInputError, match=r"max_tokens \(100\) exceeds this model's context of 64"):
+        model.generate(list(range(3, 13)), max_tokens=100)
+
+
+def test_folder_description(qwen_folder: Path) -> None:
+    from edge_runtime.generation.folder import is_generative_folder, read_folder
+
+    description = read_folder(qwen_folder)
+    config = json.loads((qwen_folder / "config.json").read_text())
+    assert description.kv.layers == config["num_hidden_layers"]
+    assert description.kv.kv_heads == config["num_key_value_heads"] < config["num_attention_heads"]  # GQA
+    assert len(description.eos_token_ids) == 2  # generation_config.json lists two EOS ids
+    assert is_generative_folder(qwen_folder) and not is_generative_folder(qwen_folder.parent)

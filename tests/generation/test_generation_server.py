@@ -1,0 +1,234 @@
+"""The generation routes through real clients: the official ``openai`` package and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from generation_fixtures import LiveServer, base_url
+
+MESSAGES = [{"role": "system", "content": "You are a phone agent."},
+            {"role": "user", "content": "open the settings menu then scroll down"}]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Path:
+    import onnx
+
+    from edge_runtime.model_zoo import build_mlp
+
+    root = tmp_path_factory.mktemp("gen-repository")
+    shutil.copytree(qwen_folder, root / "chat" / "1")
+    shutil.copytree(qwen_folder, root / "busy" / "1")
+    (root / "busy" / "config.toml").write_text("[generation]\nmax_queue = 0\n")
+    (root / "mlp" / "1").mkdir(parents=True)
+    onnx.save(build_mlp(), str(root / "mlp" / "1" / "model.onnx"))
+    (root / "mlp" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.config import ServerConfig
+    from edge_runtime.serving.repository import ModelRepository
+
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False,
+                                    intra_op_threads=1))
+    app = create_app(ServerConfig(), ModelRepository(repository, runtime, drain_timeout_s=5.0))
+    live = LiveServer(app).start()
+    yield live
+    live.stop()
+    runtime.close()
+
+
+def local_model(server: LiveServer) -> Any:
+    from edge_runtime.server.state import STATE
+
+    return server.app[STATE].repository.get("chat").model
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_openai_client_chat_equals_the_embedded_api(server: LiveServer, client: Any) -> None:
+    expected = local_model(server).generate(messages=MESSAGES, max_tokens=20)
+    response = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=20, temperature=0)
+    assert response.choices[0].message.content == expected.text
+    assert response.choices[0].finish_reason == expected.finish_reason
+    assert response.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert response.usage.completion_tokens == expected.usage.completion_tokens
+    assert response.object == "chat.completion" and response.model == "chat"
+
+
+def test_openai_client_streaming_concatenates_and_reports_usage(client: Any) -> None:
+    whole = client.chat.completions.create(model="chat", messages=MESSAGES, max_completion_tokens=30, temperature=0)
+    stream = client.chat.completions.create(model="chat", messages=MESSAGES, max_completion_tokens=30,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_async_openai_client_concurrent_requests(server: LiveServer) -> None:
+    import openai
+
+    prompts = ["tap", "open close swipe left right home back", "the agent reads the screen"]
+
+    async def main() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0)
+        try:
+            answers = await asyncio.gather(*(client.completions.create(
+                model="chat", prompt=p, max_tokens=8 + 4 * i, temperature=0) for i, p in enumerate(prompts)))
+        finally:
+            await client.close()
+        return [a.choices[0].text for a in answers]
+
+    texts = asyncio.run(main())
+    model = local_model(server)
+    assert texts == [model.generate(p, max_tokens=8 + 4 * i).text for i, p in enumerate(prompts)]
+
+
+def test_completions_echo_logprobs_and_models(client: Any) -> None:
+    response = client.completions.create(model="chat", prompt="the agent", max_tokens=5, temperature=0, echo=True,
+                                         logprobs=2)
+    choice = response.choices[0]
+    assert choice.text.startswith("the agent")
+    assert len(choice.logprobs.token_logprobs) == response.usage.completion_tokens
+    assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    assert {m.id for m in client.models.list().data} == {"busy", "chat"}  # mlp is a tensor model
+
+
+def test_chat_logprobs_match_the_model(server: LiveServer, client: Any) -> None:
+    response = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=3, temperature=0,
+                                              logprobs=True, top_logprobs=2)
+    content = response.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
+    assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)  # greedy took the best
+
+
+def test_openai_shaped_errors(client: Any) -> None:
+    import openai
+
+    cases = [
+        (openai.NotFoundError, dict(model="nope", messages=MESSAGES), "unknown model"),
+        (openai.BadRequestError, dict(model="chat", messages=[{"role": "robot", "content": "x"}]), "role"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, temperature=5), "temperature"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=2), "'n'"),
+        (openai.BadRequestError, dict(model="mlp", messages=MESSAGES), "tensor model"),
+        (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": "tap " * 300}]),
+         "context is 256 tokens"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, max_tokens=0), "max_tokens"),
+        (openai.RateLimitError, dict(model="busy", messages=MESSAGES), "queue full"),
+    ]
+    for error, kwargs, text in cases:
+        with pytest.raises(error) as caught:
+            client.chat.completions.create(**kwargs)
+        body = caught.value.body
+        assert isinstance(body, dict) and text in body["message"], (kwargs, body)
+        assert {"message", "type", "param", "code"} <= set(body)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="busy", messages=MESSAGES)
+    assert caught.value.response.headers["Retry-After"]
+
+
+async def _post(server: LiveServer, path: str, body: Any, **kwargs: Any) -> tuple[int, Any, dict]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(base_url(server) + path, json=body, **kwargs) as response:
+            return response.status, await response.text(), dict(response.headers)
+
+
+def test_triton_generate_and_generate_stream(server: LiveServer) -> None:
+    expected = local_model(server).generate("the agent taps", max_tokens=12).text
+    status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate",
+                                        {"text_input": "the agent taps", "parameters": {"max_tokens": 12,
+                                                                                        "temperature": 0}}))
+    assert status == 200 and json.loads(text) == {"model_name": "chat", "model_version": "1", "text_output": expected}
+    status, text, headers = asyncio.run(_post(server, "/v2/models/chat/versions/1/generate_stream",
+                                              {"text_input": "the agent taps", "max_tokens": 12, "temperature": 0}))
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    assert "".join(e["text_output"] for e in events) == expected and events[-1]["finish_reason"]
+    status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate", {"parameters": {}}))
+    assert status == 400 and "text_input" in json.loads(text)["error"]
+
+
+def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> None:
+    import urllib.request
+
+    expected = local_model(server).generate(messages=MESSAGES, max_tokens=10).text
+    status, text, headers = asyncio.run(_post(server, "/v1/chat/completions", {
+        "model": "chat", "messages": MESSAGES, "max_tokens": 10, "temperature": 0, "async": True}))
+    assert status == 202
+    task = json.loads(text)
+    for _ in range(600):
+        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
+            task = json.loads(response.read())
+        if task["status"] != "pending":
+            break
+        time.sleep(0.05)
+    assert task["status"] == "succeeded", task
+    assert task["response"]["choices"][0]["message"]["content"] == expected
+    status, text, headers = asyncio.run(_post(server, "/v2/models/chat/generate", {
+        "text_input": "the agent taps", "parameters": {"max_tokens": 6, "temperature": 0, "async": True}}))
+    assert status == 202
+    for _ in range(600):
+        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
+            task = json.loads(response.read())
+        if task["status"] != "pending":
+            break
+        time.sleep(0.05)
+    assert task["response"]["text_output"] == local_model(server).generate("the agent taps", max_tokens=6).text
+
+
+def test_disconnect_cancels_the_sequence(server: LiveServer) -> None:
+    import aiohttp
+
+    model = local_model(server)
+    before = model.batcher.stats().tokens_generated
+
+    async def hang_up() -> None:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(base_url(server) + "/v1/completions", json={
+                    "model": "chat", "prompt": "tap", "max_tokens": 240, "ignore_eos": True, "stream": True,
+                    "temperature": 0}) as response:
+                await response.content.readline()  # the stream started: leave mid-way
+
+    asyncio.run(hang_up())
+    for _ in range(400):
+        if model.batcher.pending == 0:
+            break
+        time.sleep(0.025)
+    assert model.batcher.pending == 0
+    assert model.batcher.stats().tokens_generated - before < 240
+
+
+def test_metrics_report_prefix_cache_hits(server: LiveServer, client: Any) -> None:
+    import urllib.request
+
+    for _ in range(2):
+        client.chat.completions.create(model="chat", messages=MESSAGES + [{"role": "user", "content": "again"}],
+                                       max_tokens=2, temperature=0)
+    with urllib.request.urlopen(base_url(server) + "/metrics") as response:
+        text = response.read().decode()
+    hits = [line for line in text.splitlines() if line.startswith('edge_runtime_prefix_cache_saved_tokens_total{model="chat"}')]
+    assert hits and float(hits[0].split()[-1]) > 0
+    assert 'edge_runtime_generation_sequences{model="chat",state="running"} 0.0' in text

@@ -1,0 +1,204 @@
+"""The sides and measuring tools of ``bench_server.py``: load loops, ORT loops, shared memory, RSS, the plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def ocr_model(kind: str) -> Path:
+    """A PP-OCR model file (``det``, ``cls``, ``rec``) from the rapidocr-onnxruntime wheel (not imported)."""
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("bench_server: pip install rapidocr-onnxruntime (it ships the PP-OCR models)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "models"
+    found = [p for p in folder.glob("*.onnx") if f"_{kind}_" in p.name]
+    if not found:
+        raise SystemExit(f"bench_server: no PP-OCR {kind} model in {folder}")
+    return found[0]
+
+
+def request_body(name: str, array: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor v2 request for one input, asking for binary outputs."""
+    from edge_runtime.protocol.codec import encode_request
+
+    encoded = encode_request({name: array}, binary=True, parameters={"binary_data_output": True})
+    return encoded.body, {"Content-Type": encoded.content_type, HEADER_LENGTH: str(encoded.header_length)}
+
+
+def _stats(latencies_ms: list[float], elapsed_s: float) -> dict[str, Any]:
+    values = np.asarray(latencies_ms or [float("nan")])
+    return {"n": len(latencies_ms), "rps": round(len(latencies_ms) / max(elapsed_s, 1e-9), 1),
+            "p50_ms": round(float(np.percentile(values, 50)), 3), "p95_ms": round(float(np.percentile(values, 95)), 3),
+            "mean_ms": round(float(np.mean(values)), 3)}
+
+
+async def closed_loop(url: str, model: str, body: tuple[bytes, dict[str, str]], concurrency: int,
+                      duration_s: float) -> dict[str, Any]:
+    """``concurrency`` clients sending ``body`` back to back for ``duration_s``; the server's own
+    ``queue_us``/``compute_us``/``batch_size`` parameters averaged when it reports them."""
+    import aiohttp
+
+    data, headers = body
+    target = f"{url}/v2/models/{model}/infer"
+    latencies: list[float] = []
+    server: dict[str, list[float]] = {"queue": [], "compute": [], "batch_size": []}
+    errors: dict[int, int] = {}
+    stop_at = time.monotonic() + duration_s
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async def client() -> None:
+            while time.monotonic() < stop_at:
+                started = time.perf_counter()
+                async with session.post(target, data=data, headers=headers) as response:
+                    raw = await response.read()
+                    if response.status != 200:
+                        errors[response.status] = errors.get(response.status, 0) + 1
+                        continue
+                    latencies.append((time.perf_counter() - started) * 1e3)
+                    header = raw[:int(response.headers.get(HEADER_LENGTH, len(raw)))]
+                parameters = __import__("json").loads(header).get("parameters") or {}
+                for key, name in (("queue", "queue_us"), ("compute", "compute_us"), ("batch_size", "batch_size")):
+                    if name in parameters:
+                        server[key].append(float(parameters[name]))
+
+        started = time.monotonic()
+        await __import__("asyncio").gather(*(client() for _ in range(concurrency)))
+        elapsed = time.monotonic() - started
+    result = _stats(latencies, elapsed)
+    result["errors"] = errors
+    result["server_us"] = {k: round(float(np.mean(v)), 1) for k, v in server.items() if v} or None
+    return result
+
+
+def ort_loop(session: Any, feed: Mapping[str, np.ndarray], duration_s: float) -> dict[str, Any]:
+    """Plain in-process ONNX Runtime, one request at a time (what a user would call instead)."""
+    latencies = []
+    stop_at = time.monotonic() + duration_s
+    started = time.monotonic()
+    while time.monotonic() < stop_at:
+        begin = time.perf_counter()
+        session.run(None, dict(feed))
+        latencies.append((time.perf_counter() - begin) * 1e3)
+    return _stats(latencies, time.monotonic() - started)
+
+
+def shm_loop(url: str, model: str, array: np.ndarray, duration_s: float) -> dict[str, Any]:
+    """c=1 through Triton's system shared memory with tritonclient: input and output in regions."""
+    import tritonclient.http as triton
+    import tritonclient.utils.shared_memory as shm
+
+    client = triton.InferenceServerClient(url.removeprefix("http://"), network_timeout=120)
+    metadata = client.get_model_metadata(model)
+    out_name = metadata["outputs"][0]["name"]
+    out_bytes = array.nbytes  # the detector's map is [1, 1, H, W]: smaller than the input
+    key = f"bench-{uuid.uuid4().hex[:8]}"
+    handles = [shm.create_shared_memory_region(f"{key}-in", f"/{key}-in", array.nbytes),
+               shm.create_shared_memory_region(f"{key}-out", f"/{key}-out", out_bytes)]
+    try:
+        shm.set_shared_memory_region(handles[0], [array])
+        client.register_system_shared_memory(f"{key}-in", f"/{key}-in", array.nbytes)
+        client.register_system_shared_memory(f"{key}-out", f"/{key}-out", out_bytes)
+        item = triton.InferInput(metadata["inputs"][0]["name"], list(array.shape), "FP32")
+        item.set_shared_memory(f"{key}-in", array.nbytes)
+        wanted = triton.InferRequestedOutput(out_name)
+        wanted.set_shared_memory(f"{key}-out", out_bytes)
+        latencies = []
+        stop_at = time.monotonic() + duration_s
+        started = time.monotonic()
+        while time.monotonic() < stop_at:
+            begin = time.perf_counter()
+            client.infer(model, [item], outputs=[wanted])
+            latencies.append((time.perf_counter() - begin) * 1e3)
+        elapsed = time.monotonic() - started
+        client.unregister_system_shared_memory()
+    finally:
+        for handle in handles:
+            shm.destroy_shared_memory_region(handle)
+        client.close()
+    return _stats(latencies, elapsed)
+
+
+def codec_phases_us(body: tuple[bytes, dict[str, str]], outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Mean µs of decoding this request body and encoding these outputs (binary), timed in this process."""
+    from edge_runtime.protocol.codec import decode_request, encode_response
+
+    data, headers = body
+    header_length = int(headers[HEADER_LENGTH])
+    request = decode_request(data, header_length)
+    timings = {}
+    for name, call in (("decode", lambda: decode_request(data, header_length)),
+                       ("encode", lambda: encode_response("m", "1", request, outputs, {"plan": "cpu"}))):
+        repeats, started = 0, time.perf_counter()
+        while repeats < 20 or time.perf_counter() - started < 0.2:
+            call()
+            repeats += 1
+        timings[name] = round((time.perf_counter() - started) / repeats * 1e6, 1)
+    return timings
+
+
+class RssSampler:
+    """Resident memory of one process: now, and the peak sampled every 50 ms while entered."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._process = psutil.Process(pid)
+        self.peak_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def rss_mib(self) -> float:
+        return round(self._process.memory_info().rss / 2**20, 1)
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_mib = max(self.peak_mib, self.rss_mib())
+            self._stop.wait(0.05)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5))
+    names = [n for n in ("c16_edge", "c16_kserve", "c16_ort_best") if n in result]
+    labels = {"c16_edge": "edge-runtime\n(batching)", "c16_kserve": "KServe\nModelServer",
+              "c16_ort_best": "ORT in-process\none at a time"}
+    left.bar([labels[n] for n in names], [result[n]["rps"] for n in names], color=["C0", "C1", "C2"][:len(names)])
+    left.set_ylabel("requests/s, cls, concurrency 16")
+    c1 = [("cls ORT", "c1_cls_ort_best"), ("cls HTTP", "c1_cls_edge"), ("det ORT", "c1_det_ort_best"),
+          ("det shm", "c1_det_shm"), ("det HTTP", "c1_det_binary")]
+    middle.bar([n for n, _ in c1], [result[k]["p50_ms"] for _, k in c1], color=["C2", "C0", "C2", "C0", "C3"])
+    middle.set_yscale("log")
+    middle.set_ylabel("p50 ms, concurrency 1 (log)")
+    phases = ("decode", "queue", "compute", "encode", "transport")
+    bottoms = np.zeros(len(result["phases_us"]))
+    for phase in phases:
+        values = np.array([entry.get(phase, 0.0) / 1e3 for entry in result["phases_us"].values()])
+        right.bar(list(result["phases_us"]), values, bottom=bottoms, label=phase)
+        bottoms += values
+    right.set_ylabel("ms per request (mean), by phase")
+    right.legend()
+    figure.suptitle(f"edge-runtime daemon vs KServe and in-process ONNX Runtime (PP-OCR, {result['cores']} cores, "
+                    f"best of {result['rounds']} interleaved rounds)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
