@@ -31,19 +31,24 @@ def host_path(root: str | os.PathLike, device_path: str) -> Path:
     return Path(os.fspath(root)) / device_path.lstrip("/")
 
 
-def read_text(root: str | os.PathLike, device_path: str, max_bytes: int = MAX_READ_BYTES) -> str | None:
-    """The file's text (UTF-8, bad bytes replaced), or None when it cannot be read."""
+def read_bytes(root: str | os.PathLike, device_path: str, max_bytes: int = MAX_READ_BYTES) -> bytes | None:
+    """The file's first ``max_bytes`` bytes, or None when it cannot be read."""
     path = host_path(root, device_path)
     try:
         # NOTE: only regular files: opening a FIFO or a device node could block forever.
         if not stat.S_ISREG(path.stat().st_mode):
             return None
         with open(path, "rb") as handle:
-            data = handle.read(max_bytes)
+            return handle.read(max_bytes)
     except (OSError, ValueError) as exc:
         log.debug("cannot read %s under %s: %s", device_path, root, exc)
         return None
-    return data.decode("utf-8", errors="replace")
+
+
+def read_text(root: str | os.PathLike, device_path: str, max_bytes: int = MAX_READ_BYTES) -> str | None:
+    """The file's text (UTF-8, bad bytes replaced), or None when it cannot be read."""
+    data = read_bytes(root, device_path, max_bytes)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def read_line(root: str | os.PathLike, device_path: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import struct
 from collections import Counter
 
 from device_profiles import _fs
@@ -13,6 +14,11 @@ from device_profiles import _fs
 _ARM_FEATURES = {
     "asimd": "neon", "neon": "neon", "asimddp": "dotprod", "fphp": "fp16", "asimdhp": "fp16",
     "i8mm": "i8mm", "sve": "sve", "sve2": "sve2", "bf16": "bf16", "sme": "sme",
+}
+# AT_HWCAP (16) / AT_HWCAP2 (26) bits of an aarch64 kernel (uapi asm/hwcap.h) -> its cpuinfo words.
+_AARCH64_HWCAPS = {
+    (16, 1): "asimd", (16, 9): "fphp", (16, 10): "asimdhp", (16, 20): "asimddp", (16, 22): "sve",
+    (26, 1): "sve2", (26, 13): "i8mm", (26, 14): "bf16", (26, 23): "sme",
 }
 # The x86 flags that matter for inference kernels (ORT/XNNPACK dispatch on these).
 _X86_FEATURES = frozenset({"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "f16c"})
@@ -69,6 +75,23 @@ def normalise_features(blocks: list[dict[str, str]], header: dict[str, str], arc
     return sorted({_ARM_FEATURES[w] for w in common if w in _ARM_FEATURES})
 
 
+def hwcap_words(auxv: bytes | None) -> set[str] | None:
+    """Kernel feature words from an aarch64 ``/proc/self/auxv``; None when it holds no AT_HWCAP.
+
+    The auxiliary vector is what this process's user space (ONNX Runtime's and
+    XNNPACK's kernel dispatch) sees, also where ``/proc/cpuinfo`` does not
+    describe the CPU: under qemu-user it is the host's, and some Android
+    kernels drop its ``Features`` line. Entries are (type, value) pairs of
+    little-endian 64-bit words, the layout of every arm64 phone and server.
+    """
+    if not auxv or len(auxv) % 16:
+        return None
+    entries = dict(struct.iter_unpack("<QQ", auxv))
+    if 16 not in entries:
+        return None
+    return {word for (kind, bit), word in _AARCH64_HWCAPS.items() if entries.get(kind, 0) >> bit & 1}
+
+
 def model_name(blocks: list[dict[str, str]], header: dict[str, str]) -> str | None:
     """x86 ``model name``; on ARM the core mix (``"4x Cortex-A510 + 3x Cortex-A710 + 1x Cortex-X2"``)."""
     names = [b["model name"] for b in blocks if b.get("model name")]
@@ -108,10 +131,21 @@ def read_cpu(root: str | os.PathLike, cgroup: dict) -> tuple[dict, str | None]:
     ``usable_cores`` = min(online cores, affinity / cgroup cpuset, ceil(cgroup
     CPU quota)), at least 1. The affinity mask and ``platform.machine()`` are
     asked of the host only when ``root`` is "/"; a fake tree answers alone.
+    ``features`` come from the auxiliary vector on aarch64 where it can be
+    read (:func:`hwcap_words`), else from the cpuinfo lines of every core.
     """
     blocks, header = parse_cpuinfo(_fs.read_text(root, "/proc/cpuinfo"))
     host = _fs.is_host(root)
-    arch = _normalise_arch(platform.machine()) if host else infer_arch(blocks, header)
+    described = infer_arch(blocks, header)
+    arch = _normalise_arch(platform.machine()) if host else described
+    # NOTE: under qemu-user emulation /proc/cpuinfo is the host's (an x86 CPU under an arm64
+    # process): its features and model name are not this CPU's.
+    foreign = host and described is not None and described != arch
+    hwcaps = hwcap_words(_fs.read_bytes(root, "/proc/self/auxv", 4096)) if arch == "aarch64" else None
+    if hwcaps is not None:
+        features = sorted({_ARM_FEATURES[w] for w in hwcaps if w in _ARM_FEATURES})
+    else:
+        features = [] if foreign else normalise_features(blocks, header, arch)
     present = _fs.parse_cpu_list(_fs.read_line(root, "/sys/devices/system/cpu/present"))
     possible = present or _fs.parse_cpu_list(_fs.read_line(root, "/sys/devices/system/cpu/possible"))
     from_cpuinfo = sorted({n for b in blocks if (n := _fs.parse_int(b.get("processor"))) is not None})
@@ -129,8 +163,8 @@ def read_cpu(root: str | os.PathLike, cgroup: dict) -> tuple[dict, str | None]:
         "online_cores": len(online) or None,
         "usable_cores": max(1, min(limits)) if limits else 1,
         "clusters": clusters(root, online),
-        "features": normalise_features(blocks, header, arch),
-        "model_name": model_name(blocks, header),
+        "features": features,
+        "model_name": None if foreign else model_name(blocks, header),
     }
     return facts, arch
 

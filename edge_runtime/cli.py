@@ -2,7 +2,8 @@
 
 The spellings here are a contract other tools and checks rely on; see README.
 Each subcommand is a thin layer over the library and returns an exit code:
-0 success, 1 runtime/model error (message on stderr), 2 usage error.
+0 success, 1 runtime/model error (message on stderr), 2 usage error, 141 stdout
+closed by its reader (quietly, as SIGPIPE ends ``cat``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -107,10 +110,28 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a reader that left surfaces here when the output fit in the buffer
+        return code
+    except BrokenPipeError:
+        return _reader_went_away()
     except EdgeRuntimeError as exc:
         print(f"edge-runtime {args.command}: {exc}", file=sys.stderr)
         return 1
+
+
+def _reader_went_away() -> int:
+    """Exit status for a closed stdout (``edge-runtime probe --json | head -c 400``).
+
+    Quiet, like ``cat`` or ``grep`` killed by SIGPIPE, and with their status as a
+    shell reports it, 128 + SIGPIPE = 141: ``set -o pipefail`` scripts then see
+    what they see from coreutils, and it stays apart from 1, which means a model
+    or runtime error here. Python ignores SIGPIPE, so the signal arrives as
+    ``BrokenPipeError``; stdout is pointed at /dev/null so that the interpreter's
+    last flush at exit does not raise (and print) a second one.
+    """
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _print_json(data: Any) -> None:

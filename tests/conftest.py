@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("MESA_SHADER_CACHE_DIR", shaders)
     for marker in _HARDWARE:
         config.addinivalue_line("markers", f"{marker}: needs that runtime; fails instead of skipping under CI=true")
+    _Aarch64Stage.register(config)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -111,6 +113,31 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if IN_CI:
             pytest.fail(f"{marker}: {reason} (CI=true: this must run, not skip)")
         pytest.skip(reason)
+
+
+# --- aarch64: the subset .ci/aarch64 runs again in an emulated arm64 root ------------------
+# The same tests, marked, not copies. On an arm64 host a skip of a marked test is a failure:
+# that stage exists to run them there, and a dependency missing from the arm64 root must
+# fail it. A plugin object, so that its hook does not share a name with other conftest hooks.
+class _Aarch64Stage:
+    on_aarch64 = platform.machine().lower() in ("aarch64", "arm64")
+
+    @staticmethod
+    def register(config: pytest.Config) -> None:
+        config.addinivalue_line("markers", "aarch64: also runs under arm64 emulation in .ci/aarch64; "
+                                           "a skip there is a failure")
+        config.pluginmanager.register(_Aarch64Stage(), "edge-runtime-aarch64-stage")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        if self.on_aarch64 and report.skipped and not hasattr(report, "wasxfail") \
+                and item.get_closest_marker("aarch64") is not None:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            report.outcome = "failed"
+            report.longrepr = f"skipped on aarch64, where .ci/aarch64 must run it: {reason}"
+# --- end aarch64 ---------------------------------------------------------------------------
 
 
 # Test node ids (or their prefixes) that may skip under CI=true, each with the reason. Keep it short:

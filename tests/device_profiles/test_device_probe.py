@@ -20,6 +20,7 @@ def _probe_and_match(root):
     return profile, match(profile)
 
 
+@pytest.mark.aarch64
 def test_adreno_phone(tmp_path):
     profile, m = _probe_and_match(trees.adreno_phone(tmp_path))
 
@@ -59,6 +60,7 @@ def test_adreno_phone(tmp_path):
     assert m.hints["thresholds"]["gpu_busy_threshold"] == 0.7
 
 
+@pytest.mark.aarch64
 def test_mali_phone_with_vulkan_delegate(tmp_path):
     profile, m = _probe_and_match(trees.mali_phone(tmp_path))
 
@@ -77,6 +79,7 @@ def test_mali_phone_with_vulkan_delegate(tmp_path):
     assert m.hints["delegate"]["present"] is True
 
 
+@pytest.mark.aarch64
 def test_mali_phone_without_delegate_prefers_opencl(tmp_path):
     profile, m = _probe_and_match(trees.mali_phone(tmp_path, delegate=False))
 
@@ -86,6 +89,7 @@ def test_mali_phone_without_delegate_prefers_opencl(tmp_path):
     assert any("libvulkan_delegate.so not found" in r for r in m.reasons)
 
 
+@pytest.mark.aarch64
 def test_mali_phone_without_opencl_or_delegate(tmp_path):
     profile, m = _probe_and_match(trees.mali_phone(tmp_path, delegate=False, opencl=False))
 
@@ -95,6 +99,7 @@ def test_mali_phone_without_opencl_or_delegate(tmp_path):
     assert any("opencl dropped" in r for r in m.reasons)
 
 
+@pytest.mark.aarch64
 def test_redroid_container_cgroup_v2_quota(tmp_path):
     profile, m = _probe_and_match(trees.redroid_container(tmp_path))
 
@@ -118,6 +123,7 @@ def test_redroid_container_cgroup_v2_quota(tmp_path):
     assert any("usable_cores <= 4 (probe: 2)" in r for r in m.reasons)
 
 
+@pytest.mark.aarch64
 def test_redroid_quota_in_own_cgroup_and_tightest_ancestor(tmp_path):
     root = trees.redroid_container(tmp_path, own_path="/docker/abc123", cpu_max="150000 100000")
     trees.write(root, "/sys/fs/cgroup/docker/cpu.max", "400000 100000\n")
@@ -131,6 +137,7 @@ def test_redroid_quota_in_own_cgroup_and_tightest_ancestor(tmp_path):
     assert probe(root)["cpu"]["usable_cores"] == 1
 
 
+@pytest.mark.aarch64
 def test_same_container_without_quota_is_not_the_small_cloud_phone(tmp_path):
     profile, m = _probe_and_match(trees.redroid_container(tmp_path, cpu_max="max 100000", memory_max="max"))
 
@@ -146,6 +153,7 @@ def test_same_container_without_quota_is_not_the_small_cloud_phone(tmp_path):
     (150000, 3 * trees.GIB, 1.5, 2, 3 * trees.GIB),
     (-1, 9223372036854771712, None, 64, None),  # v1 writes "no limit" as -1 and a huge number
 ])
+@pytest.mark.aarch64
 def test_redroid_container_cgroup_v1(tmp_path, quota_us, memory_limit, quota, usable, limit):
     root = trees.cgroup_v1(trees.redroid_container(tmp_path, cgroup="v1"), quota_us=quota_us,
                            period_us=100000, memory_limit=memory_limit)
@@ -158,6 +166,7 @@ def test_redroid_container_cgroup_v1(tmp_path, quota_us, memory_limit, quota, us
     assert m.name == ("cloud-phone-container" if usable <= 4 else "generic-arm64-android")
 
 
+@pytest.mark.aarch64
 def test_cloud_phone_with_virtual_gpu(tmp_path):
     profile, m = _probe_and_match(trees.vgpu_phone(tmp_path))
 
@@ -168,6 +177,7 @@ def test_cloud_phone_with_virtual_gpu(tmp_path):
     assert m.backend_order == ("vulkan", "tflite", "cpu")
 
 
+@pytest.mark.aarch64
 def test_cloud_phone_with_virtual_gpu_and_delegate(tmp_path):
     profile, m = _probe_and_match(trees.vgpu_phone(tmp_path, delegate=True))
     assert m.name == "cloud-phone-vgpu"
@@ -175,6 +185,7 @@ def test_cloud_phone_with_virtual_gpu_and_delegate(tmp_path):
     assert m.hints["delegate"]["present"] is True
 
 
+@pytest.mark.aarch64
 def test_fake_x86_dev_box_with_pocl_icd(tmp_path):
     profile, m = _probe_and_match(trees.x86_dev_box(tmp_path))
 

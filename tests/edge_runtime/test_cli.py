@@ -60,6 +60,7 @@ def test_run_missing_model_exits_1_naming_it(tmp_path: Path) -> None:
     assert result.returncode == 1 and "absent.onnx" in result.stderr
 
 
+@pytest.mark.aarch64
 def test_probe_json_is_the_profile_and_its_match(tmp_path: Path) -> None:
     report = json.loads(cli("probe", "--json", cache=tmp_path).stdout)
     assert report["profile"]["cpu"]["usable_cores"] >= 1
@@ -100,3 +101,19 @@ def test_run_tflite_with_a_missing_delegate_runs_on_cpu_and_says_why(tmp_path: P
     assert delegate["loaded"] is False and str(missing) in delegate["error"]
     assert delegate["options"]["precision"] == "fp16"
     assert report["outputs"]["probs"]["shape"] == [1, 10]
+
+
+@pytest.mark.aarch64
+@pytest.mark.parametrize("unbuffered", ["", "1"])  # the closed pipe surfaces at exit's flush / inside print
+def test_stdout_closed_by_its_reader_exits_141_quietly(unbuffered: str, tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: every write gets EPIPE
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT),
+           "PYTHONUNBUFFERED": unbuffered}
+    try:
+        result = subprocess.run([sys.executable, "-m", "edge_runtime", "probe", "--json"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, env=env, timeout=240)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr
+    assert result.stderr == ""

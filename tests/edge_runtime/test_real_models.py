@@ -12,6 +12,9 @@ import pytest
 
 from ocr_models import ocr_models
 
+pytestmark = pytest.mark.aarch64
+
+
 OCR = ocr_models()
 # (kind, input shape): OCR nets take any H/W that is a multiple of their stride.
 CASES = [("det", (1, 3, 96, 160)), ("det", (2, 3, 64, 64)), ("cls", (3, 3, 48, 192)),

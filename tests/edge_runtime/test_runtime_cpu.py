@@ -16,6 +16,7 @@ from edge_runtime.feeds import random_feeds
 
 @pytest.mark.parametrize("name,batch", [("mlp", 1), ("mlp", 5), ("mobilenet", 1), ("mobilenet", 3),
                                         ("transformer", 2)])
+@pytest.mark.aarch64
 def test_cpu_backend_equals_plain_onnxruntime(runtime, model_dir: Path, name: str, batch: int) -> None:
     path = model_dir / f"{name}.onnx"
     model = runtime.load(path, backend="cpu")

@@ -60,6 +60,7 @@ def check_partition(model: onnx.ModelProto, stages: Any, refused: set[str], acce
                     assert out in stage.outputs, f"stage {k} keeps {out} inside"
 
 
+@pytest.mark.aarch64
 @pytest.mark.parametrize("seed", range(12))
 def test_random_dags_give_convex_topological_stages_that_compute_the_model(make_planner, options,
                                                                            seed: int) -> None:
@@ -76,6 +77,7 @@ def test_random_dags_give_convex_topological_stages_that_compute_the_model(make_
         assert_close_to(executor.run(feeds), ort_outputs(model, feeds))
 
 
+@pytest.mark.aarch64
 def test_partitions_are_deterministic(make_planner) -> None:
     model = random_dag(7, size=40)
     refuse = ("n3", "n11", "n12", "n30")

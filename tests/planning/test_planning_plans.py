@@ -45,6 +45,7 @@ def check_every_plan(make_planner: Any, options: Any, model: Any, refuse: tuple[
     return executors
 
 
+@pytest.mark.aarch64
 @pytest.mark.parametrize("island", sorted(ISLANDS))
 def test_every_plan_equals_onnxruntime_with_islands_on_a_dag(make_planner, options, island: str) -> None:
     executors = check_every_plan(make_planner, options, skip_dag(), ISLANDS[island])
@@ -86,6 +87,7 @@ def test_run_many_equals_run_one_by_one(make_planner, options) -> None:
         assert_close_to(got, ort_outputs(model, feeds))
 
 
+@pytest.mark.aarch64
 def test_without_an_accelerator_only_cpu_and_auto_exist(options) -> None:
     from backends.cpu import CPUBackend
     from backends.errors import BackendUnavailableError
@@ -143,6 +145,7 @@ def _claims_any(backend: Any, model: Any) -> bool:
     return any(backend.supports(node, specs) for node in model.graph.node)
 
 
+@pytest.mark.aarch64
 def test_auto_leaves_the_host_only_for_a_clear_gain(options) -> None:
     from backends.cpu import CPUBackend
     from edge_runtime.planning.cost import BackendSpeed

@@ -64,6 +64,7 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     rt.close()
 
 
+@pytest.mark.aarch64
 def test_load_with_each_plan_equals_onnxruntime(runtime: Any, model_path: Path) -> None:
     model_proto = onnx.load(str(model_path))
     for plan in ("cpu", "gpu", "hybrid", "auto"):
@@ -101,6 +102,7 @@ def test_a_backend_and_a_plan_together_are_refused(runtime: Any, model_path: Pat
         runtime.load(model_path, backend="cpu", plan="gpu")
 
 
+@pytest.mark.aarch64
 def test_without_an_accelerator_gpu_plans_are_absent_and_auto_is_cpu(runtime: Any, model_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "accelerator", lambda: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -10,9 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import aiohttp
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_runtime.model_zoo import build_mobilenet
@@ -29,6 +32,18 @@ def start_server(repository: Path, cache: Path, port: int) -> subprocess.Popen:
                "--model-repository", str(repository)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+
+
+@contextlib.contextmanager
+def serving(repository: Path, cache: Path, port: int) -> Iterator[subprocess.Popen]:
+    """``start_server``, killed on the way out unless the test ended it."""
+    process = start_server(repository, cache, port)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 async def wait_ready(session: aiohttp.ClientSession, base: str, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + 120
@@ -110,6 +125,47 @@ async def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path: Path) -> 
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
 
 
+
+@pytest.mark.aarch64
+def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path) -> None:
+    """``edge-runtime serve`` as a process, the reference client, small inputs (runs emulated too)."""
+    import tritonclient.http as triton
+
+    from edge_runtime.model_zoo import build_mlp
+    from server_fixtures import triton_inputs
+
+    repository = tmp_path / "repository"
+    write(repository / "mlp" / "1" / "model.onnx", build_mlp(seed=2))
+    (repository / "mlp" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+    port = free_port()
+    with serving(repository, tmp_path / "cache", port) as process:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=30, network_timeout=120)
+        deadline = time.monotonic() + 240  # an emulated arm64 interpreter takes a while to import
+        while not _ready(client):
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "server not ready within 240 s"
+            time.sleep(0.2)
+        x = np.random.default_rng(8).standard_normal((3, 64)).astype(np.float32)
+        for binary in (False, True):
+            outputs = [triton.InferRequestedOutput("logits", binary_data=binary)]
+            result = client.infer("mlp", triton_inputs({"input": x}, binary), outputs=outputs)
+            expected = ort_run(repository / "mlp" / "1" / "model.onnx", {"input": x})["logits"]
+            np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-6)
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+
+
+def _ready(client: object) -> bool:
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        return client.is_server_ready()
+    except (InferenceServerException, ConnectionError, OSError):
+        return False
+
 def run_serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "edge_runtime", "serve", *args], capture_output=True, text=True,
@@ -129,6 +185,7 @@ def test_port_in_use_exits_1_naming_the_address(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.aarch64
 def test_missing_repository_is_refused_before_start(tmp_path: Path) -> None:
     result = run_serve(tmp_path, "--model-repository", str(tmp_path / "nowhere"))
     assert result.returncode == 1

@@ -12,6 +12,8 @@ from tritonclient.utils import InferenceServerException
 
 from server_fixtures import LiveServer, ort_run, triton_inputs, type_feeds
 
+pytestmark = pytest.mark.aarch64
+
 
 @pytest.fixture(scope="module")
 def triton_client(live_server: LiveServer) -> Any:

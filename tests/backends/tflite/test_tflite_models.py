@@ -45,6 +45,7 @@ def numpy_float_cnn(weights: dict[str, np.ndarray], image: np.ndarray) -> np.nda
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
+@pytest.mark.aarch64
 def test_float_cnn_matches_numpy(tflite_models: dict[str, Path], litert_oracle: Callable,
                                  image: Callable) -> None:
     x = image((1, 16, 16, 3), 3)
@@ -63,6 +64,7 @@ def test_float_cnn_has_the_listed_ops(tflite_models: dict[str, Path]) -> None:
                      "RESHAPE", "FULLY_CONNECTED", "ADD", "SOFTMAX"]
 
 
+@pytest.mark.aarch64
 @pytest.mark.parametrize("io_dtype", ["int8", "uint8"])
 def test_quantized_cnn_approximates_the_float_model(io_dtype: str, tflite_models: dict[str, Path],
                                                     litert_oracle: Callable, image: Callable) -> None:

@@ -45,6 +45,7 @@ def test_quantization_parameters_are_exposed(io_dtype: str, tflite_models: dict[
     assert executable.outputs == [TensorSpec(OUTPUT[io_dtype], io_dtype, (1, 10))]
 
 
+@pytest.mark.aarch64
 @pytest.mark.parametrize("io_dtype", ["int8", "uint8"])
 def test_quantized_outputs_equal_plain_litert(io_dtype: str, tflite_models: dict[str, Path],
                                               litert_oracle: Callable, image: Callable) -> None:
