@@ -114,6 +114,29 @@ def build_mobilenet(image_size: int = 64, width: int = 16, classes: int = 10, se
                    [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", classes])])
 
 
+def build_resnet(image_size: int = 112, width: int = 64, classes: int = 10, seed: int = 3) -> onnx.ModelProto:
+    """Residual CNN of dense 3x3 convolutions (no depthwise); input ``input`` [batch, 3, S, S], output ``logits``.
+
+    The int8 benchmark's second CNN: dense convolutions are where int8 GEMM kernels pay off,
+    depthwise ones (``build_mobilenet``) much less.
+    """
+    g = _GraphBuilder(seed)
+    x = g.op("Relu", [_conv_bn(g, "input", 3, width, 3, 2, 1)])
+    channels = width
+    for c_out, stride in ((width, 1), (2 * width, 2), (2 * width, 1), (4 * width, 2)):
+        y = g.op("Relu", [_conv_bn(g, x, channels, c_out, 3, stride, 1)])
+        y = _conv_bn(g, y, c_out, c_out, 3, 1, 1)
+        x = g.op("Relu", [g.op("Add", [x, y]) if stride == 1 and c_out == channels else y])
+        channels = c_out
+    x = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
+    w = g.weight("fc_w", (channels, classes), channels)
+    g.op("Gemm", [x, w, g.const("fc_b", np.zeros(classes, np.float32))])
+    g.nodes[-1].output[0] = "logits"
+    return g.model("resnet_style",
+                   [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, image_size, image_size])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])])
+
+
 def build_transformer(seq_len: int = 16, d_model: int = 64, d_ff: int = 128, seed: int = 2) -> onnx.ModelProto:
     """Single-head pre-norm block; input ``tokens`` [batch, seq, d], output ``hidden``."""
     g = _GraphBuilder(seed)

@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench_out/startup"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds, fewer models (a few minutes)")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--only", choices=("int8",), default=None, help="run one part only (int8: the quantization figures)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 3)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -347,10 +348,18 @@ def main(argv: list[str] | None = None) -> int:
             copy = directory / f"copy{seed}.onnx"
             onnx.save(build_mobilenet(image_size=160, width=32, seed=10 + seed), str(copy))
             copies.append(copy)
-        int8_models = {"mobilenet160": models["mobilenet160"][0]}
+        from edge_runtime.model_zoo import build_resnet
+
+        onnx.save(build_resnet(), str(directory / "resnet112.onnx"))
+        int8_models = {"mobilenet160": models["mobilenet160"][0], "resnet112": directory / "resnet112.onnx"}
         cls = _ppocr_cls(directory)
         if cls is not None:
             int8_models["ppocr_cls"] = cls
+        if args.only == "int8":
+            result = {"int8": bench_int8(int8_models, rounds, 32 if args.quick else 64)}
+            (args.out / "int8.json").write_text(json.dumps(result, indent=2))
+            print(json.dumps(result, indent=2))
+            return 0
         result = {
             "import_ms": bench_import(rounds + 1),
             "load": bench_load(models, ["cpu", *(["opencl"] if opencl else [])], rounds),
