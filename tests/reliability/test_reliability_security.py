@@ -138,7 +138,7 @@ async def test_traversal_and_odd_names_in_every_path_parameter(aiohttp_client: A
         status, _ = await raw_request(client, "POST", f"/v2/repository/models/{name}/load")
         assert 400 <= status < 500, name
     index = await (await client.post("/v2/repository/index")).json()
-    assert {entry["name"] for entry in index} <= {"mlp", "types", "gated"}
+    assert {entry["name"] for entry in index} <= {"mlp", "types", "gated", "chat"}
 
 
 PACKAGES = ("edge_runtime", "backends", "device_profiles")
