@@ -245,6 +245,8 @@ async def test_sigterm_with_running_streams_finishes_every_accepted_stream(tmp_p
     assert _logged_200(log, "/v1/chat/completions") == baseline["chat"] + counts["chat"] + counts["chat_stream"] + 1
     assert _logged_200(log, "/v2/models/chat/generate_stream") == counts["generate_stream"]
     assert counts["chat"] and counts["chat_stream"] >= STREAMS_BEFORE_SIGNAL and counts["generate_stream"], counts
+    for prompt in PROMPTS:  # the daemon logged at INFO: no prompt in it
+        assert prompt not in log, f"prompt {prompt!r} was logged"
 
 
 async def test_a_stream_outlasting_the_drain_is_cut_between_events(tmp_path: Path, tiny_decoder: Path) -> None:
