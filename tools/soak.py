@@ -24,7 +24,8 @@ counted by kind and status. The daemon's RSS is sampled every
 second. Prints one JSON object and writes ``soak.json`` and ``soak.png`` to
 ``--out``: requests per kind, unexpected answers, wrong values, RSS start/end/peak
 and growth over the second half, p50/p99 per window and the drift (last window's
-p50 over the first's), and the chat model's token and prefix-cache counters. Exits 1 when anything was unexpected or the daemon died.
+p50 over the first's), and the chat model's token and prefix-cache counters.
+Exits 1 when anything was unexpected or the daemon died.
 
     python tools/soak.py --seconds 180 --out bench-results
     python tools/soak.py --quick          # 20 s
@@ -427,12 +428,12 @@ def _generation_figures(url: str) -> dict[str, float]:
     with urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
     figures = {}
-    for name, metric in (("decode_tokens", r'edge_runtime_generation_tokens_total\{kind="decode",model="chat"\}'),
-                         ("prefill_tokens", r'edge_runtime_generation_tokens_total\{kind="prefill",model="chat"\}'),
-                         ("prefix_cache_lookups", r'edge_runtime_prefix_cache_lookups_total\{model="chat"\}'),
-                         ("prefix_cache_hits", r'edge_runtime_prefix_cache_hits_total\{model="chat"\}'),
-                         ("prefix_cache_evicted_blocks", r'edge_runtime_prefix_cache_evicted_blocks_total\{model="chat"\}')):
-        match = re.search(metric + r" (\S+)", text)
+    for name, metric in (("decode_tokens", r'generation_tokens_total\{kind="decode",model="chat"\}'),
+                         ("prefill_tokens", r'generation_tokens_total\{kind="prefill",model="chat"\}'),
+                         ("prefix_cache_lookups", r'prefix_cache_lookups_total\{model="chat"\}'),
+                         ("prefix_cache_hits", r'prefix_cache_hits_total\{model="chat"\}'),
+                         ("prefix_cache_evicted_blocks", r'prefix_cache_evicted_blocks_total\{model="chat"\}')):
+        match = re.search(r"^edge_runtime_" + metric + r" (\S+)", text, re.MULTILINE)
         figures[name] = float(match.group(1)) if match else None
     return figures
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -207,8 +208,6 @@ async def test_a_cloud_failure_after_the_first_token_ends_the_answer_cleanly(
         assert answer.finish_reason is None  # never claimed to have finished
     else:
         assert status == 502, answer
-        import json
-
         assert_names_the_problem(status, json.dumps(answer).encode(), route)
         assert "cloud" in (answer["error"]["message"] if v1 else answer["error"])
     calls = await _cloud_calls(client)
