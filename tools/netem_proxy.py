@@ -6,7 +6,10 @@ connection to the proxy opens one to the target; bytes in each direction are
 paced at ``rate_bps`` (serialisation) and released ``delay_ms`` later
 (propagation), so RTT = 2 x ``delay_ms`` plus the target's own time. A
 connection may be reset (RST, not FIN) after ``reset_after_bytes`` bytes of
-the target's answer, always or with ``reset_probability``.
+the target's answer, always or with ``reset_probability``; or go silent after
+``stall_after_bytes`` (the rest of the answer is dropped, the connection stays
+open until one end closes it, and that close is passed on: a stalled peer, or
+one killed mid-answer at a moment the test chooses).
 
 Bounded: at most ``max_connections`` at once (extra ones are closed at once),
 at most ``QUEUE_CHUNKS`` chunks of ``CHUNK_BYTES`` buffered per direction, and
@@ -56,11 +59,12 @@ class LinkProfile:
     rate_bps: float | None = None
     reset_after_bytes: int | None = None
     reset_probability: float = 0.0  # with reset_after_bytes: share of connections reset (0 = all)
+    stall_after_bytes: int | None = None  # the answer's bytes beyond this are dropped (the link went silent)
 
     def describe(self) -> dict[str, object]:
         rate = None if self.rate_bps is None else round(self.rate_bps * 8 / 1e6, 3)
         return {"name": self.name, "rtt_ms": 2 * self.delay_ms, "rate_mbps": rate,
-                "reset_after_bytes": self.reset_after_bytes}
+                "reset_after_bytes": self.reset_after_bytes, "stall_after_bytes": self.stall_after_bytes}
 
 
 # Typical figures: home Wi-Fi to a nearby region, a decent 4G cell, a poor mobile link.
@@ -85,6 +89,7 @@ class ShapingProxy:
         self.port = 0
         self.connections = 0  # accepted so far
         self.resets = 0  # connections reset on purpose
+        self.stalls = 0  # connections whose answer went silent on purpose
         self._active = 0
         self._rng = random.Random(seed)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -173,7 +178,7 @@ class ShapingProxy:
         if reset_at is not None and profile.reset_probability and self._rng.random() >= profile.reset_probability:
             reset_at = None
         upstream = asyncio.ensure_future(self._pipe(client_r, server_w, None))
-        downstream = asyncio.ensure_future(self._pipe(server_r, client_w, reset_at))
+        downstream = asyncio.ensure_future(self._pipe(server_r, client_w, reset_at, profile.stall_after_bytes))
         try:
             done, _ = await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_COMPLETED)
             if downstream in done and downstream.result():  # reset on purpose: drop both sides at once
@@ -188,20 +193,26 @@ class ShapingProxy:
             await asyncio.gather(upstream, downstream, return_exceptions=True)
             _close(server_w)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reset_at: int | None) -> bool:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reset_at: int | None,
+                    stall_at: int | None = None) -> bool:
         """Shape one direction; True when it stopped to reset the connection."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
         sender = asyncio.ensure_future(self._release(queue, writer))
         forwarded, link_free_at = 0, time.monotonic()
         try:
             while True:
-                limit = CHUNK_BYTES if reset_at is None else max(1, min(CHUNK_BYTES, reset_at - forwarded))
+                limit = CHUNK_BYTES
+                for edge in (reset_at, stall_at):  # a read ends exactly at the byte where the link changes
+                    if edge is not None and forwarded < edge:
+                        limit = min(limit, edge - forwarded)
                 chunk = await reader.read(limit)
                 if not chunk:
                     await queue.put((0.0, b""))
                     await sender
                     _half_close(writer)
                     return False
+                if stall_at is not None and forwarded >= stall_at:
+                    continue  # silent: read and dropped, so the target's close is still seen and passed on
                 profile = self.profile
                 now = time.monotonic()
                 link_free_at = max(now, link_free_at)
@@ -209,6 +220,8 @@ class ShapingProxy:
                     link_free_at += len(chunk) / profile.rate_bps
                 await queue.put((link_free_at + profile.delay_ms / 1e3, chunk))
                 forwarded += len(chunk)
+                if stall_at is not None and forwarded >= stall_at:
+                    self.stalls += 1
                 if reset_at is not None and forwarded >= reset_at:
                     await queue.put((0.0, b""))
                     await sender
@@ -271,11 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-mbps", type=float, help="bandwidth per direction, Mbit/s")
     parser.add_argument("--reset-after-bytes", type=int, help="reset connections after this many answer bytes")
     parser.add_argument("--reset-probability", type=float, default=0.0)
+    parser.add_argument("--stall-after-bytes", type=int, help="drop the answer after this many bytes")
     parser.add_argument("--max-connections", type=int, default=64)
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop after this long (bounded runs)")
     args = parser.parse_args(argv)
     profile = PROFILES[args.profile] if args.profile else LinkProfile("custom")
     overrides = {"delay_ms": args.delay_ms, "reset_after_bytes": args.reset_after_bytes,
+                 "stall_after_bytes": args.stall_after_bytes,
                  "rate_bps": None if args.rate_mbps is None else args.rate_mbps * 1e6 / 8}
     profile = dataclasses.replace(profile, reset_probability=args.reset_probability,
                                   **{k: v for k, v in overrides.items() if v is not None})

@@ -1,21 +1,31 @@
 """Soak: a bounded run of mixed traffic against a real ``edge-runtime serve``; reports leaks and drift.
 
 Starts ``python -m edge_runtime serve`` on 127.0.0.1 (a free port) over a
-repository built here from the model zoo (``mlp``, ``mobilenet``; cpu backend)
-and keeps closed-loop clients of every kind busy for ``--seconds``:
+repository built here (``mlp``, ``mobilenet`` from the model zoo, cpu backend;
+``chat``, the torch-free tiny decoder of ``decoder_zoo``) and keeps closed-loop
+clients of every kind busy for ``--seconds`` (and at most ``MAX_PER_CLIENT``
+requests each):
 
 * ``infer_json``     JSON tensors to ``mlp``;
 * ``infer_binary``   binary tensors in and out to ``mobilenet``;
+* ``infer_shm``      ``mlp`` through system shared memory: the client owns a POSIX shm object, registers
+                     an input and an output region of it, writes the input there, reads the answer from
+                     there; it unregisters and registers again every ``SHM_REREGISTER`` requests;
 * ``async_task``     ``Prefer: respond-async`` to ``mlp``, then poll the task, fetch its result, delete it;
-* ``bad_request``    malformed and wrong-shape bodies: a 4xx naming the problem is the expected answer;
-* ``metadata``       model metadata, readiness, statistics and ``/metrics``.
+* ``chat_stream``    ``/v1/chat/completions`` with ``stream: true`` (greedy, with the usage chunk) to
+                     ``chat``, a small prefix cache that keeps evicting;
+* ``bad_request``    malformed and wrong-shape bodies, to ``/infer`` and ``/v1/chat/completions``: a 4xx
+                     naming the problem is the expected answer;
+* ``metadata``       model metadata, readiness, statistics, ``/v1/models`` and ``/metrics``.
 
-Every answer is checked (values against ONNX Runtime in this process); anything
-unexpected is counted by kind and status. The daemon's RSS is sampled every
+Every answer is checked (tensors against ONNX Runtime in this process, greedy
+text against the decoder loaded in this process); anything unexpected is
+counted by kind and status. The daemon's RSS is sampled every
 second. Prints one JSON object and writes ``soak.json`` and ``soak.png`` to
 ``--out``: requests per kind, unexpected answers, wrong values, RSS start/end/peak
 and growth over the second half, p50/p99 per window and the drift (last window's
-p50 over the first's). Exits 1 when anything was unexpected or the daemon died.
+p50 over the first's), and the chat model's token and prefix-cache counters.
+Exits 1 when anything was unexpected or the daemon died.
 
     python tools/soak.py --seconds 180 --out bench-results
     python tools/soak.py --quick          # 20 s
@@ -45,7 +55,16 @@ for path in (ROOT, ROOT / "tools"):
         sys.path.insert(0, str(path))
 
 WINDOWS = 6
-CLIENTS = {"infer_json": 2, "infer_binary": 2, "async_task": 1, "bad_request": 1, "metadata": 1}
+CLIENTS = {"infer_json": 2, "infer_binary": 2, "infer_shm": 1, "async_task": 1, "chat_stream": 2, "bad_request": 1,
+           "metadata": 1}
+MAX_PER_CLIENT = 200_000  # a bound on count as well as on time
+SHM_BYTES = 1 << 16
+SHM_OUTPUT_OFFSET = 1 << 15
+SHM_REREGISTER = 50
+CHAT_PROMPTS = ["open the settings menu", "scroll down to the bottom", "tap the blue button twice",
+                "search for the weather", "go back to the home screen", "type hello and send it"]
+CHAT_TOKENS = 32
+CHAT_CONFIG = "[generation]\nmax_batch_size = 4\nmax_queue = 16\nmax_seq_len = 256\nprefix_cache_bytes = 32768\n"
 
 
 @dataclass
@@ -70,10 +89,14 @@ class Tally:
 
 
 def build_repository(root: Path) -> dict[str, Any]:
-    """mlp/1 and mobilenet/1 on the cpu backend; returns inputs and their ONNX Runtime outputs."""
+    """mlp/1 and mobilenet/1 on the cpu backend, chat/1 the tiny decoder; returns inputs and their
+    ONNX Runtime outputs, the mlp's output name, and each chat prompt's greedy answer (the decoder
+    run in this process)."""
     import onnx
     import onnxruntime as ort
 
+    from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+    from edge_runtime.generation.model import load_generative
     from edge_runtime.model_zoo import build_mlp, build_mobilenet
 
     cases: dict[str, Any] = {}
@@ -86,7 +109,20 @@ def build_repository(root: Path) -> dict[str, Any]:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         feeds = [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
         cases[name] = [(f, session.run(None, f)[0]) for f in feeds]
+        cases[f"{name}_output"] = session.get_outputs()[0].name
+    folder = write_decoder_folder(root / "chat" / "1", DecoderShape(hidden=64, intermediate=128, vocab=600,
+                                                                    max_positions=256), seed=1)
+    (root / "chat" / "config.toml").write_text(CHAT_CONFIG)
+    decoder = load_generative(folder, "chat", threads=1)
+    try:
+        cases["chat"] = {p: decoder.generate(messages=_messages(p), max_tokens=CHAT_TOKENS) for p in CHAT_PROMPTS}
+    finally:
+        decoder.close()
     return cases
+
+
+def _messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "You are a phone agent."}, {"role": "user", "content": prompt}]
 
 
 async def client(kind: str, k: int, url: str, cases: dict[str, Any], tally: Tally, stop_at: float) -> None:
@@ -95,21 +131,26 @@ async def client(kind: str, k: int, url: str, cases: dict[str, Any], tally: Tall
     from edge_runtime.protocol import codec
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        i = k
-        while time.monotonic() < stop_at:
-            i += 1
-            began = time.monotonic()
-            try:
-                ok, what = await _ONE[kind](session, url, cases, i, codec)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                ok, what = False, f"transport {type(exc).__name__}"
-            except AssertionError as exc:
-                ok, what = False, f"wrong: {exc}"
-                tally.wrong[kind] += 1
-            tally.record(kind, began, ok, what)
+        state = await _SETUP[kind](session, url, k) if kind in _SETUP else None
+        try:
+            for i in range(k + 1, k + 1 + MAX_PER_CLIENT):
+                if time.monotonic() >= stop_at:
+                    break
+                began = time.monotonic()
+                try:
+                    ok, what = await _ONE[kind](session, url, cases, i, codec, state)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    ok, what = False, f"transport {type(exc).__name__}"
+                except AssertionError as exc:
+                    ok, what = False, f"wrong: {exc}"
+                    tally.wrong[kind] += 1
+                tally.record(kind, began, ok, what)
+        finally:
+            if kind in _TEARDOWN:
+                await _TEARDOWN[kind](session, url, state)
 
 
-async def _infer_json(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+async def _infer_json(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
     feeds, want = cases["mlp"][i % len(cases["mlp"])]
     async with session.post(f"{url}/v2/models/mlp/infer", data=codec.encode_request(feeds).body) as response:
         if response.status != 200:
@@ -120,7 +161,7 @@ async def _infer_json(session: Any, url: str, cases: dict, i: int, codec: Any) -
     return True, ""
 
 
-async def _infer_binary(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+async def _infer_binary(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
     feeds, want = cases["mobilenet"][i % len(cases["mobilenet"])]
     encoded = codec.encode_request(feeds, binary=True, parameters={"binary_data_output": True})
     async with session.post(f"{url}/v2/models/mobilenet/infer", data=encoded.body,
@@ -134,7 +175,7 @@ async def _infer_binary(session: Any, url: str, cases: dict, i: int, codec: Any)
     return True, ""
 
 
-async def _async_task(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
+async def _async_task(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
     feeds, want = cases["mlp"][i % len(cases["mlp"])]
     async with session.post(f"{url}/v2/models/mlp/infer", data=codec.encode_request(feeds).body,
                             headers={"Prefer": "respond-async"}) as response:
@@ -162,24 +203,124 @@ async def _async_task(session: Any, url: str, cases: dict, i: int, codec: Any) -
 BAD_BODIES = (b"{", b'{"inputs": []}', b'{"inputs":[{"name":"input","datatype":"FP32","shape":[1,63],"data":[]}]}',
               b'{"inputs":[{"name":"input","datatype":"INT8","shape":[1,64],"data":' + b"[1.5]" + b"}]}",
               b"[" * 100_000)
+BAD_CHATS = (b"{", b'{"model": "chat"}', b'{"model": "chat", "messages": []}',
+             b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}',
+             b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}',
+             b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}')
 
 
-async def _bad_request(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
-    async with session.post(f"{url}/v2/models/mlp/infer", data=BAD_BODIES[i % len(BAD_BODIES)]) as response:
+async def _bad_request(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
+    path, bodies = ("/v1/chat/completions", BAD_CHATS) if i % 3 == 0 else ("/v2/models/mlp/infer", BAD_BODIES)
+    async with session.post(f"{url}{path}", data=bodies[i % len(bodies)]) as response:
         document = await response.json(content_type=None)
         named = isinstance(document, dict) and bool(document.get("error"))
         return (400 <= response.status < 500 and named), f"{response.status}{'' if named else ' unnamed'}"
 
 
-async def _metadata(session: Any, url: str, cases: dict, i: int, codec: Any) -> tuple[bool, str]:
-    path = ("/v2/models/mobilenet", "/v2/health/ready", "/v2/models/mlp/stats", "/metrics")[i % 4]
+async def _metadata(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
+    path = ("/v2/models/mobilenet", "/v2/health/ready", "/v2/models/mlp/stats", "/v1/models", "/metrics")[i % 5]
     async with session.get(f"{url}{path}") as response:
         await response.read()
         return response.status == 200, f"{path} {response.status}"
 
 
-_ONE = {"infer_json": _infer_json, "infer_binary": _infer_binary, "async_task": _async_task,
-        "bad_request": _bad_request, "metadata": _metadata}
+@dataclass
+class ShmClient:
+    """One client's POSIX shm object (``/dev/shm/<name>``) and its two registered regions."""
+
+    name: str
+    fd: int
+    registered: bool = False
+
+    @property
+    def input_region(self) -> str:
+        return f"{self.name}-in"
+
+    @property
+    def output_region(self) -> str:
+        return f"{self.name}-out"
+
+
+async def _shm_register(session: Any, url: str, shm: ShmClient) -> None:
+    for region, offset, size in ((shm.input_region, 0, SHM_OUTPUT_OFFSET),
+                                 (shm.output_region, SHM_OUTPUT_OFFSET, SHM_BYTES - SHM_OUTPUT_OFFSET)):
+        async with session.post(f"{url}/v2/systemsharedmemory/region/{region}/register",
+                                json={"key": f"/{shm.name}", "offset": offset, "byte_size": size}) as response:
+            assert response.status == 200, f"register {region}: {response.status} {await response.text()}"
+    shm.registered = True
+
+
+async def _shm_unregister(session: Any, url: str, shm: ShmClient) -> None:
+    for region in (shm.input_region, shm.output_region):
+        async with session.post(f"{url}/v2/systemsharedmemory/region/{region}/unregister") as response:
+            assert response.status == 200, f"unregister {region}: {response.status} {await response.text()}"
+    shm.registered = False
+
+
+async def _shm_setup(session: Any, url: str, k: int) -> ShmClient:
+    name = f"soak-{os.getpid()}-{k}"
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, SHM_BYTES)
+    return ShmClient(name, fd)
+
+
+async def _shm_teardown(session: Any, url: str, shm: ShmClient) -> None:
+    try:
+        if shm.registered:
+            await _shm_unregister(session, url, shm)
+    finally:
+        os.close(shm.fd)
+        os.unlink(f"/dev/shm/{shm.name}")
+
+
+async def _infer_shm(session: Any, url: str, cases: dict, i: int, codec: Any, shm: ShmClient) -> tuple[bool, str]:
+    if i % SHM_REREGISTER == 0 and shm.registered:  # the region lifecycle, not only the reads
+        await _shm_unregister(session, url, shm)
+    if not shm.registered:
+        await _shm_register(session, url, shm)
+    feeds, want = cases["mlp"][i % len(cases["mlp"])]
+    x = feeds["input"]
+    os.pwrite(shm.fd, x.tobytes(), 0)
+    document = {"inputs": [{"name": "input", "datatype": "FP32", "shape": list(x.shape),
+                            "parameters": {"shared_memory_region": shm.input_region,
+                                           "shared_memory_byte_size": x.nbytes}}],
+                "outputs": [{"name": cases["mlp_output"],
+                             "parameters": {"shared_memory_region": shm.output_region,
+                                            "shared_memory_byte_size": want.nbytes}}]}
+    async with session.post(f"{url}/v2/models/mlp/infer", json=document) as response:
+        if response.status != 200:
+            return False, f"{response.status} {(await response.text())[:120]}"
+        (output,) = (await response.json())["outputs"]
+    assert output["parameters"]["shared_memory_region"] == shm.output_region, output
+    got = np.frombuffer(os.pread(shm.fd, want.nbytes, SHM_OUTPUT_OFFSET), "<f4").reshape(want.shape)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5), "infer_shm values differ from ONNX Runtime"
+    return True, ""
+
+
+async def _chat_stream(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
+    prompt = CHAT_PROMPTS[i % len(CHAT_PROMPTS)]
+    body = {"model": "chat", "messages": _messages(prompt), "max_tokens": CHAT_TOKENS, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            return False, f"{response.status} {(await response.text())[:120]}"
+        raw = await response.read()
+    *blocks, rest = raw.split(b"\n\n")
+    assert not rest.strip(), f"chat_stream: a chunk cut in half: {rest[:80]!r}"
+    payloads = [block.removeprefix(b"data: ") for block in blocks]
+    assert payloads and payloads[-1] == b"[DONE]", "chat_stream: no [DONE]"
+    events = [json.loads(p) for p in payloads[:-1]]
+    text = "".join((c.get("delta") or {}).get("content") or "" for e in events for c in e["choices"])
+    want = cases["chat"][prompt]
+    assert text == want.text, f"chat_stream text differs from the decoder in process for {prompt!r}"
+    assert events[-1]["usage"]["completion_tokens"] == want.usage.completion_tokens, "chat_stream usage"
+    return True, ""
+
+
+_ONE = {"infer_json": _infer_json, "infer_binary": _infer_binary, "infer_shm": _infer_shm, "async_task": _async_task,
+        "chat_stream": _chat_stream, "bad_request": _bad_request, "metadata": _metadata}
+_SETUP = {"infer_shm": _shm_setup}
+_TEARDOWN = {"infer_shm": _shm_teardown}
 
 
 async def sample_rss(pid: int, samples: list[tuple[float, int]], started: float, stop_at: float) -> None:
@@ -268,13 +409,33 @@ async def soak(seconds: float, work: Path) -> tuple[dict[str, Any], list[tuple[f
                              *(client(kind, k, url, cases, tally, stop_at)
                                for kind, n in CLIENTS.items() for k in range(n)))
         alive = process.poll() is None
+        generation = _generation_figures(url) if alive else {}
     finally:
         if process.poll() is None:
             os.kill(process.pid, signal.SIGTERM)
             process.wait(timeout=60)
     result = summarise(tally, rss, seconds, alive)
+    result["generation"] = generation
     result["exit_code"] = process.returncode
     return result, rss
+
+
+def _generation_figures(url: str) -> dict[str, float]:
+    """The chat model's counters from ``/metrics``: tokens, prefix cache lookups, hits and evictions."""
+    import re
+    from urllib.request import urlopen
+
+    with urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    figures = {}
+    for name, metric in (("decode_tokens", r'generation_tokens_total\{kind="decode",model="chat"\}'),
+                         ("prefill_tokens", r'generation_tokens_total\{kind="prefill",model="chat"\}'),
+                         ("prefix_cache_lookups", r'prefix_cache_lookups_total\{model="chat"\}'),
+                         ("prefix_cache_hits", r'prefix_cache_hits_total\{model="chat"\}'),
+                         ("prefix_cache_evicted_blocks", r'prefix_cache_evicted_blocks_total\{model="chat"\}')):
+        match = re.search(r"^edge_runtime_" + metric + r" (\S+)", text, re.MULTILINE)
+        figures[name] = float(match.group(1)) if match else None
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, AsyncIterator, Awaitable, Mapping
 
 from aiohttp import web
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.server.errors import RequestTooLargeError
+from edge_runtime.server.errors import INTERNAL, RequestTooLargeError, error_body_for, mapping_of, public_message
 from edge_runtime.serving.layout import check_model_name
 from edge_runtime.server.state import STATE, ServerState
 
+log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.05
 
 
@@ -76,6 +78,10 @@ async def sse(request: web.Request, events: AsyncIterator[Mapping[str, Any]], do
     """Stream ``events`` as ``data: {...}`` server-sent events, then ``data: [DONE]`` when ``done``.
 
     A client that disconnects stops the iteration (closing ``events`` cancels its sequence).
+    An error raised by ``events`` once the stream has begun (a cloud peer failing after its
+    first token) cannot change the status any more: it is sent as a last event in the route's
+    error shape (``{"error": {"message", ...}}`` under ``/v1/``, ``{"error": "..."}`` on v2, as
+    vLLM and Triton do), followed by ``[DONE]`` when ``done``, and the response ends normally.
     """
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -89,7 +95,15 @@ async def sse(request: web.Request, events: AsyncIterator[Mapping[str, Any]], do
                 await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, ConnectionError):
         pass
+    except Exception as exc:  # NOTE: returning an error response now would write a second one into this stream
+        mapping = mapping_of(exc)
+        log.log(logging.ERROR if mapping is INTERNAL else logging.WARNING, "%s %s: the stream failed after it "
+                "began: %s", request.method, request.path, exc, exc_info=mapping is INTERNAL)
+        error = error_body_for(request.path, public_message(exc), mapping.status).decode()
+        try:
+            await response.write(f"data: {error}\n\n".encode() + (b"data: [DONE]\n\n" if done else b""))
+        except ConnectionError:
+            pass  # the client is gone too: nobody is left to tell
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     return response
-

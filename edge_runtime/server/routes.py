@@ -234,6 +234,8 @@ async def repository_index(request: web.Request) -> web.Response:
 async def repository_load(request: web.Request) -> web.Response:
     name = check_model_name(request.match_info["model"])
     parameters = (await _json_body(request)).get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInputError(f"'parameters' must be an object, got {type(parameters).__name__}")
     overrides = sorted(k for k in parameters if k == "config" or str(k).startswith("file:"))
     if overrides:
         raise InvalidInputError(f"load overrides {overrides} are not supported: edit {name}/config.toml "

@@ -5,6 +5,8 @@ Repository (``rel_repo``, session scope, read-only; copy it before changing it):
     mlp/1        a small MLP (input [N, 64] -> output), cpu
     types/1      Identity for every KServe datatype (the server tests' model)
     gated/1      an MLP whose plan waits on a gate the test opens (``GATE``), 2-slot queue
+    chat/1       the tiny decoder (``tiny_decoder``): /v1/* and /v2/models/chat/generate[_stream] answer
+                 with a real model; a 96-token context keeps fuzzed requests short
 
 Hypothesis profiles (``HYPOTHESIS_PROFILE``): ``ci`` (the default: derandomized,
 bounded) and ``long`` (maintainers: many more examples, random seeds).
@@ -30,7 +32,7 @@ for folder in (HERE.parent / "server", HERE.parent / "cloud"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from reliability_fixtures import GATE, TOKEN, gated_plans  # noqa: E402
+from reliability_fixtures import GATE, TOKEN, gated_plans, generation_config, write_tiny_decoder  # noqa: E402
 from server_fixtures import LiveServer, build_types_model, write  # noqa: E402
 
 from edge_runtime.serving.repository import ModelRepository  # noqa: E402
@@ -43,10 +45,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
-def rel_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny decoder's folder, built once (read-only: copy it into a repository). Its 4096 positions
+    let a test cap the context with ``[generation] max_seq_len``."""
+    return write_tiny_decoder(tmp_path_factory.mktemp("tiny_decoder") / "tiny", max_positions=4096)
+
+
+@pytest.fixture(scope="session")
+def rel_repo(tmp_path_factory: pytest.TempPathFactory, tiny_decoder: Path) -> Path:
     from edge_runtime.model_zoo import build_mlp
 
     root = tmp_path_factory.mktemp("rel_repository")
+    shutil.copytree(tiny_decoder, root / "chat" / "1")
+    (root / "chat" / "config.toml").write_text(generation_config(max_batch_size=2, max_queue=4, max_seq_len=96))
     write(root / "mlp" / "1" / "model.onnx", build_mlp(seed=0))
     write(root / "types" / "1" / "model.onnx", build_types_model())
     write(root / "gated" / "1" / "model.onnx", build_mlp(seed=3))

@@ -1,7 +1,9 @@
-"""Helpers of the reliability suite: a gated plan, a daemon process, error-body checks, MLP requests."""
+"""Helpers of the reliability suite: a gated plan, a daemon process, error-body checks, MLP requests,
+the tiny decoder and a server-sent-events reader for the generation routes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +142,113 @@ class Daemon(ServerProcess):
         """SIGTERM, wait, SIGKILL if it did not end; returns the exit code."""
         super().stop()
         return self.process.returncode
+
+
+# -- generation -----------------------------------------------------------------------------------
+CHAT = [{"role": "user", "content": "open the settings menu then scroll down"}]
+
+
+def write_tiny_decoder(folder: Path, max_positions: int = 256, seed: int = 1) -> Path:
+    """The torch-free Qwen2-style decoder of ``edge_runtime.decoder_zoo`` (random weights, a local
+    tokenizer; ~1 s to build, ~0.7 MB): a real generative model folder, fast on two cores."""
+    from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+
+    return write_decoder_folder(folder, DecoderShape(hidden=64, intermediate=128, vocab=600,
+                                                     max_positions=max_positions), seed=seed)
+
+
+def generation_config(**settings: int) -> str:
+    """A model ``config.toml`` with a ``[generation]`` table (the prefix cache off unless given, so the
+    prefill counter counts every admitted prompt)."""
+    table = {"prefix_cache_bytes": 0, **settings}
+    return "[generation]\n" + "".join(f"{key} = {value}\n" for key, value in table.items())
+
+
+@dataclass
+class StreamResult:
+    """One server-sent-events answer as the client saw it.
+
+    ``events``: the parsed ``data:`` payloads (``[DONE]`` excluded); ``done``: ``data: [DONE]`` came;
+    ``cut``: the HTTP body ended without its terminator (the connection closed mid-answer);
+    ``truncated``: bytes after the last complete event (a JSON chunk cut in half), empty when clean.
+    """
+
+    status: int
+    events: list[Any] = field(default_factory=list)
+    done: bool = False
+    cut: bool = False
+    truncated: bytes = b""
+    after_done: int = 0  # events sent after [DONE] (there must be none)
+
+    @property
+    def error(self) -> Any:
+        """The ``error`` of an error event (the stream failed after it began), or None."""
+        return next((e["error"] for e in self.events if isinstance(e, dict) and "error" in e), None)
+
+    @property
+    def text(self) -> str:
+        """The generated text: chat deltas, completion texts or Triton ``text_output``s, in order."""
+        parts = []
+        for event in self.events:
+            if not isinstance(event, dict) or "error" in event:
+                continue
+            if "text_output" in event:
+                parts.append(event["text_output"])
+            for choice in event.get("choices") or []:
+                parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+        return "".join(parts)
+
+    @property
+    def finish_reason(self) -> str | None:
+        for event in reversed(self.events):
+            if isinstance(event, dict):
+                if event.get("finish_reason"):
+                    return event["finish_reason"]
+                for choice in event.get("choices") or []:
+                    if choice.get("finish_reason"):
+                        return choice["finish_reason"]
+        return None
+
+
+async def read_sse(response: Any, on_event: Any = None) -> StreamResult:
+    """Read an aiohttp response as server-sent events; every complete event must be whole JSON.
+
+    ``on_event(event)`` is called as each event arrives (a test may act mid-stream).
+    """
+    import aiohttp
+
+    result = StreamResult(response.status)
+    buffer = b""
+    try:
+        async for data in response.content.iter_any():
+            buffer += data
+            while b"\n\n" in buffer:
+                block, buffer = buffer.split(b"\n\n", 1)
+                for event in _take(result, block):
+                    if on_event is not None:
+                        on_event(event)
+    except aiohttp.ClientPayloadError:
+        result.cut = True
+    result.truncated = buffer.strip()
+    return result
+
+
+def _take(result: StreamResult, block: bytes) -> list[Any]:
+    """Add one event block's payloads to ``result``; returns the new events."""
+    new = []
+    lines = [line for line in block.split(b"\n") if line.strip()]
+    for line in lines:
+        assert line.startswith(b"data: "), f"not a server-sent event: {line[:200]!r}"
+        payload = line[6:].strip()
+        if payload == b"[DONE]":
+            result.done = True
+            continue
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            raise AssertionError(f"a truncated or malformed JSON chunk: {payload[:200]!r}") from None
+        if result.done:
+            result.after_done += 1
+        result.events.append(event)
+        new.append(event)
+    return new

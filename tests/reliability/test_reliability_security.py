@@ -6,7 +6,8 @@
 * path traversal and odd names in every path parameter: a 4xx, and nothing outside the repository read;
 * no pickle / marshal / eval / exec anywhere in the packages (an AST scan, not a grep);
 * cloud TLS verification cannot be switched off;
-* tensors and their values never reach the log at INFO.
+* tensors and their values never reach the log at INFO, nor prompts (every generation route,
+  answered, streamed, async and refused).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ async def test_traversal_and_odd_names_in_every_path_parameter(aiohttp_client: A
         status, _ = await raw_request(client, "POST", f"/v2/repository/models/{name}/load")
         assert 400 <= status < 500, name
     index = await (await client.post("/v2/repository/index")).json()
-    assert {entry["name"] for entry in index} <= {"mlp", "types", "gated"}
+    assert {entry["name"] for entry in index} <= {"mlp", "types", "gated", "chat"}
 
 
 PACKAGES = ("edge_runtime", "backends", "device_profiles")
@@ -257,3 +258,48 @@ async def test_tensors_never_reach_the_log_at_info(aiohttp_client: Any, make_rel
         assert secret not in text, f"{secret!r} was logged"
     raw = np.float32(SECRET_FLOAT).tobytes()
     assert raw.decode("latin-1") not in text and raw.hex() not in text
+
+
+SECRET_PROMPT = "my card PIN is 8812-SECRET-PROMPT-c0ffee"
+
+
+async def test_prompts_never_reach_the_log_at_info(aiohttp_client: Any, make_rel_app: Any,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Every generation route, answered, streamed, async, refused: the prompt's text is not logged."""
+    import asyncio
+
+    client = await aiohttp_client(make_rel_app())
+    chat = {"model": "chat", "messages": [{"role": "system", "content": SECRET_PROMPT},
+                                          {"role": "user", "content": SECRET_PROMPT}], "max_tokens": 8}
+    requests_ = [
+        ("/v1/chat/completions", chat, 200),
+        ("/v1/chat/completions", {**chat, "stream": True, "stream_options": {"include_usage": True}}, 200),
+        ("/v1/completions", {"model": "chat", "prompt": SECRET_PROMPT, "max_tokens": 8, "echo": True}, 200),
+        ("/v1/completions", {"model": "chat", "prompt": SECRET_PROMPT, "max_tokens": 8, "stream": True}, 200),
+        ("/v2/models/chat/generate", {"text_input": SECRET_PROMPT, "parameters": {"max_tokens": 8}}, 200),
+        ("/v2/models/chat/generate_stream", {"text_input": SECRET_PROMPT, "max_tokens": 8}, 200),
+        ("/v1/chat/completions", {**chat, "async": True}, 202),
+        # refused: too long for the context, a tensor model, an unknown model, a bad parameter
+        ("/v1/completions", {"model": "chat", "prompt": SECRET_PROMPT * 40, "max_tokens": 8}, 400),
+        ("/v2/models/mlp/generate", {"text_input": SECRET_PROMPT}, 400),
+        ("/v1/chat/completions", {**chat, "model": "nope"}, 404),
+        ("/v1/chat/completions", {**chat, "temperature": SECRET_PROMPT}, 400),
+        ("/v2/models/chat/generate", {"text_input": SECRET_PROMPT, "parameters": SECRET_PROMPT}, 400),
+    ]
+    with caplog.at_level(logging.INFO):
+        for path, body, status in requests_:
+            response = await client.post(path, json=body)
+            assert response.status == status, (path, response.status, await response.text())
+            if status == 202:
+                task = await response.json()
+                for _ in range(500):
+                    if (await (await client.get(f"/v2/tasks/{task['id']}")).json())["status"] != "pending":
+                        break
+                    await asyncio.sleep(0.02)
+                assert (await client.get(f"/v2/tasks/{task['id']}/result")).status == 200
+            else:
+                await response.read()
+    text = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    assert any("access" in r.name for r in caplog.records), "no access log captured: the capture did not work"
+    for secret in (SECRET_PROMPT, "8812-SECRET", "c0ffee"):
+        assert secret not in text, f"{secret!r} was logged"

@@ -1,8 +1,10 @@
-"""``tools/soak.py`` runs end to end in a few seconds and reports every kind of traffic, nothing unexpected."""
+"""``tools/soak.py`` runs end to end in a few seconds and reports every kind of traffic (shared-memory
+inference and streamed generation among them), nothing unexpected, and leaves no shm object behind."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -17,3 +19,5 @@ def test_a_short_soak_reports_every_kind_and_nothing_unexpected(tmp_path: Path) 
     assert all(n > 0 for n in result["requests"].values()), result["requests"]
     assert result["unexpected"] == {} and result["wrong_values"] == {} and result["daemon_alive"]
     assert result["rss_mib"]["peak"] >= result["rss_mib"]["start"] > 0
+    assert result["generation"]["decode_tokens"] >= result["requests"]["chat_stream"]  # the daemon's own count
+    assert not list(Path("/dev/shm").glob(f"soak-{os.getpid()}-*")), "the soak left shm objects behind"

@@ -122,6 +122,9 @@ async def test_load_overrides_are_refused_clearly(client: Any) -> None:
     response = await client.post("/v2/repository/models/mlp/load", data=json.dumps({"parameters": {"config": "{}"}}))
     assert response.status == 400
     assert "not supported: edit mlp/config.toml" in (await response.json())["error"]
+    for parameters in (-1.5, 3, "config", [["config"]]):  # not an object: a named 400, never a 500
+        response = await client.post("/v2/repository/models/mlp/load", data=json.dumps({"parameters": parameters}))
+        assert response.status == 400 and "'parameters' must be an object" in (await response.json())["error"]
 
 
 async def test_specific_version_policy_and_tflite_free_layout(aiohttp_client: Any, make_app: Any,
