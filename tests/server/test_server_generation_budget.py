@@ -178,7 +178,8 @@ async def test_lazy_load_through_chat_completions(aiohttp_client: Any, runtime: 
 
     loads = []
     real = warmup.warm_up_generative
-    monkeypatch.setattr(warmup, "warm_up_generative", lambda model, config: loads.append(model.name) or real(model, config))
+    monkeypatch.setattr(warmup, "warm_up_generative",
+                        lambda model, config: loads.append(model.name) or real(model, config))
     client = await aiohttp_client(app_for(runtime, repository_of(tmp_path, decoder, ("tiny",)), lazy_load=True))
     listed = (await (await client.get("/v1/models")).json())["data"]
     assert [(m["id"], m["loaded"]) for m in listed] == [("tiny", False)]
