@@ -104,10 +104,10 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
     # NOTE: no await from here to dispatcher.stream, which marks the model busy: the budget cannot unload it between.
     prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
     answer = _Answer(parsed, loaded)
-    chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)
+    if parsed.wants_async and parsed.stream:
+        raise InvalidInputError("'async' and 'stream' cannot be combined")
+    chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
     if parsed.wants_async:
-        if parsed.stream:
-            raise InvalidInputError("'async' and 'stream' cannot be combined")
         return _submit_task(request, loaded, answer, chunks, prepared.text)
     first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent
     if parsed.stream:
