@@ -12,8 +12,11 @@ the engine holds plus its working memory (ONNX Runtime keeps the graph and
 an arena; OpenCL a device copy). The charge is an estimate fixed at load —
 the resident-set growth measured at load is reported beside it
 (``measured_bytes``) but not used to decide, since other loads and requests
-move the RSS at the same time. Other consumers (a generation KV cache, a
-prefix cache) reserve bytes from the same budget under their own owner name.
+move the RSS at the same time. A generative model's charge adds its
+preallocated generation KV cache and its prefix cache's cap
+(``edge_runtime.generation.footprint``), all under the model's name, so
+unloading it frees them together; ``parts`` keeps the breakdown
+(``weights``, ``kv_cache``, ``prefix_cache``).
 
 ``make_room`` picks idle owners, least recently used first, whose release
 lets a new charge fit; an owner with requests in flight is never picked.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from edge_runtime.config import from_table
@@ -55,6 +58,7 @@ class _Charge:
     measured_bytes: int = 0
     in_flight: int = 0
     last_used: float = 0.0
+    parts: Mapping[str, int] = field(default_factory=dict)
 
 
 class MemoryBudget:
@@ -72,15 +76,18 @@ class MemoryBudget:
         with self._lock:
             return sum(c.nbytes for c in self._charges.values())
 
-    def charge(self, owner: str, nbytes: int, measured_bytes: int = 0) -> None:
-        """Record ``owner``'s charge (replacing an earlier one)."""
+    def charge(self, owner: str, nbytes: int, measured_bytes: int = 0, parts: Mapping[str, int] | None = None) -> None:
+        """Record ``owner``'s charge (replacing an earlier one); ``parts``: what it is made of."""
         with self._lock:
             old = self._charges.get(owner)
-            self._charges[owner] = _Charge(nbytes, measured_bytes, old.in_flight if old else 0, self._clock())
+            self._charges[owner] = _Charge(nbytes, measured_bytes, old.in_flight if old else 0, self._clock(),
+                                           dict(parts or {}))
 
     def release(self, owner: str) -> None:
         with self._lock:
-            self._charges.pop(owner, None)
+            charge = self._charges.pop(owner, None)
+            if charge is not None and charge.in_flight:  # its requests still finish: keep counting them
+                self._charges[owner] = _Charge(0, 0, charge.in_flight, charge.last_used)
 
     def is_busy(self, owner: str) -> bool:
         with self._lock:
@@ -90,18 +97,32 @@ class MemoryBudget:
     @contextmanager
     def using(self, owner: str) -> Iterator[None]:
         """Mark ``owner`` busy for the block (a request in flight) and most recently used."""
+        done = self.hold(owner)
+        try:
+            yield
+        finally:
+            done()
+
+    def hold(self, owner: str) -> Callable[[], None]:
+        """Mark ``owner`` busy until the returned callable is called (idempotent): ``using`` for
+        work that outlives one block (a stream handed to an HTTP response or a task)."""
         with self._lock:
             charge = self._charges.setdefault(owner, _Charge(0))
             charge.in_flight += 1
             charge.last_used = self._clock()
-        try:
-            yield
-        finally:
+        released = threading.Event()
+
+        def done() -> None:
             with self._lock:
+                if released.is_set():
+                    return
+                released.set()
                 charge = self._charges.get(owner)
                 if charge is not None:
                     charge.in_flight -= 1
                     charge.last_used = self._clock()
+
+        return done
 
     def make_room(self, nbytes: int, for_owner: str) -> list[str]:
         """Idle owners to release, least recently used first, so that ``nbytes`` more fit.
@@ -138,7 +159,8 @@ class MemoryBudget:
         with self._lock:
             return {"budget_bytes": self.budget_bytes, "used_bytes": sum(c.nbytes for c in self._charges.values()),
                     "unloads": self.unloads,
-                    "owners": {o: {"bytes": c.nbytes, "measured_bytes": c.measured_bytes, "in_flight": c.in_flight}
+                    "owners": {o: {"bytes": c.nbytes, "measured_bytes": c.measured_bytes, "in_flight": c.in_flight,
+                                   "parts": dict(c.parts)}
                                for o, c in self._charges.items()}}
 
     def owner_bytes(self, owner: str) -> tuple[int, int]:
@@ -146,3 +168,9 @@ class MemoryBudget:
         with self._lock:
             charge = self._charges.get(owner)
             return (charge.nbytes, charge.measured_bytes) if charge else (0, 0)
+
+    def owner_parts(self, owner: str) -> dict[str, int]:
+        """What ``owner``'s charge is made of (``weights``, ``kv_cache``, ``prefix_cache``); empty when none."""
+        with self._lock:
+            charge = self._charges.get(owner)
+            return dict(charge.parts) if charge else {}

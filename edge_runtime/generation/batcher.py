@@ -70,6 +70,7 @@ class ContinuousBatcher:
         self._steps = self._generated = self._prefill_tokens = 0
         self._prefill_rate: float | None = None
         self._decode_rate: float | None = None
+        self.warmups = 0  # warm_up calls that ran (load-time work a request no longer pays)
 
     # -- client side (any thread) -------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams, sink: Sink) -> Sequence:
@@ -134,6 +135,38 @@ class ContinuousBatcher:
         if self._thread is not None:
             self._thread.join(timeout=max(1.0, timeout_s))
             self._thread = None
+
+    def warm_up(self, tokens: list[int], decode_steps: int) -> tuple[float, float]:
+        """Run ``tokens`` as one sequence's prefill (in chunks) and ``decode_steps`` decode steps through
+        the engine and the batch KV layout, on the caller's thread; returns (prefill ms, decode ms).
+
+        For load time, before requests arrive: it touches neither the prefix cache nor the
+        statistics, and raises RuntimeError if any sequence is queued or active. The token choice
+        is the argmax (no sampler). The prompt plus the steps must fit ``max_len``.
+        """
+        if not tokens or len(tokens) + decode_steps >= self.max_len:
+            raise ValueError(f"warm-up of {len(tokens)} prompt tokens and {decode_steps} decode steps does not "
+                             f"fit the context of {self.max_len} tokens")
+        # Holding the admission lock keeps the loop thread out: it needs it to see any work.
+        with self._wake:
+            if self._queue or self._prefilling or self._running:
+                raise RuntimeError("warm-up needs an idle batcher (call it before serving requests)")
+            engine, chunk = self.engine, self.settings.prefill_chunk_tokens
+            started = time.perf_counter()
+            past = None
+            for start in range(0, len(tokens), chunk):
+                logits, past = engine.prefill(tokens[start:start + chunk], past)
+            prefilled = time.perf_counter()
+            try:
+                engine.kv.rebuild([], [past])
+                token = int(logits.argmax())
+                for _ in range(decode_steps):
+                    token = int(engine.decode([token])[0].argmax())
+            finally:
+                engine.kv.rebuild([], [])
+            done = time.perf_counter()
+            self.warmups += 1
+        return (prefilled - started) * 1e3, (done - prefilled) * 1e3
 
     # -- the loop (batcher thread) --------------------------------------------------------
     def _loop(self) -> None:

@@ -27,6 +27,13 @@ def kv_names(layers: int) -> tuple[list[str], list[str]]:
     return past, [name.replace("past_key_values", "present") for name in past]
 
 
+def decode_rows(folder: DecoderFolder, max_batch: int) -> int:
+    """Rows the engine's decode batch gets for ``max_batch`` asked: left-padded rows need explicit
+    positions, and without a ``position_ids`` input the graph derives them from the past length,
+    which is wrong for a padded row. Such a model decodes one stream at a time."""
+    return max_batch if folder.has_position_ids else 1
+
+
 class DecoderEngine:
     """Runs the model; ``max_batch`` rows of at most ``max_len`` positions in the decode batch."""
 
@@ -34,9 +41,7 @@ class DecoderEngine:
         import onnxruntime as ort
 
         self.folder = folder
-        if not folder.has_position_ids and max_batch > 1:
-            # Left-padded rows need explicit positions; without the input the graph derives them from
-            # the past length, which is wrong for a padded row. Such a model decodes one stream at a time.
+        if decode_rows(folder, max_batch) < max_batch:
             log.warning("%s has no position_ids input: decoding one sequence at a time", folder.model_path)
             max_batch = 1
         options = ort.SessionOptions()

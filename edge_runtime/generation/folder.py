@@ -66,6 +66,11 @@ class DecoderFolder:
     eos_token_ids: tuple[int, ...]
     has_position_ids: bool
     model_type: str
+    weight_files: tuple[Path, ...] = ()  # model.onnx and its external-data files (the memory budget's weights)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.weight_files if p.is_file())
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -84,6 +89,16 @@ def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def weight_files(model_path: Path, proto: Any) -> tuple[Path, ...]:
+    """``model_path`` and the external-data files its initializers name (``model.onnx_data`` ...)."""
+    import onnx
+
+    locations = {entry.value for tensor in proto.graph.initializer
+                 if tensor.data_location == onnx.TensorProto.EXTERNAL
+                 for entry in tensor.external_data if entry.key == "location"}
+    return (model_path, *(model_path.parent / location for location in sorted(locations)))
 
 
 def read_folder(folder: Path) -> DecoderFolder:
@@ -130,4 +145,5 @@ def read_folder(folder: Path) -> DecoderFolder:
         "model_max_length") or 2048)
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
     return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),
-                         int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")))
+                         int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")),
+                         weight_files(model_path, proto))

@@ -38,12 +38,15 @@ def read_genai_folder(folder: Path) -> DecoderFolder:
         config = json.loads((folder / GENAI_CONFIG).read_text(encoding="utf-8"))["model"]
         decoder = config["decoder"]
         eos = config.get("eos_token_id", [])
-        return DecoderFolder(folder, folder / decoder.get("filename", "model.onnx"),
+        model_path = folder / decoder.get("filename", "model.onnx")
+        # genai's exports keep weights beside the graph as "<filename>.data": every file named after it
+        weights = tuple(sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith(model_path.name)))
+        return DecoderFolder(folder, model_path,
                              KVLayout(int(decoder["num_hidden_layers"]), int(decoder["num_key_value_heads"]),
                                       int(decoder["head_size"]), np.float32),
                              int(config["vocab_size"]), int(config["context_length"]),
                              tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])),
-                             "position_ids" in decoder.get("inputs", {}), str(config.get("type", "")))
+                             "position_ids" in decoder.get("inputs", {}), str(config.get("type", "")), weights)
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{folder / GENAI_CONFIG}: not a usable genai config ({exc})") from None
 

@@ -22,6 +22,13 @@ import numpy as np
 
 from edge_runtime.generation.folder import KVLayout
 
+SIDES = 2  # each layer tensor has two buffers: one read as past, one written as present
+
+
+def buffer_bytes(layout: KVLayout, max_batch: int, max_len: int) -> int:
+    """What ``BatchKV(layout, max_batch, max_len)`` allocates, in bytes (before allocating it)."""
+    return SIDES * max_batch * max_len * layout.bytes_per_token
+
 
 class BatchKV:
     """KV of up to ``max_batch`` sequences, each at most ``max_len`` positions long."""
@@ -32,7 +39,7 @@ class BatchKV:
         self.max_len = max_len
         size = max_batch * layout.kv_heads * max_len * layout.head_dim
         tensors = 2 * layout.layers
-        self._flat = [[np.zeros(size, layout.dtype) for _ in range(tensors)] for _ in range(2)]
+        self._flat = [[np.zeros(size, layout.dtype) for _ in range(tensors)] for _ in range(SIDES)]
         self._current = 0
         self.length = 0  # L: columns in use
         self.pads: list[int] = []  # leading pad positions per row

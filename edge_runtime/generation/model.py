@@ -106,8 +106,10 @@ class GenerativeModel:
             self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, 0)
             self.batcher = GenaiBatcher(self.folder, self.settings, self.tokenizer.decode)
         else:
+            from edge_runtime.generation.footprint import kv_positions
+
             self.folder = read_folder(self.path)
-            max_len = min(self.folder.context_length, self.settings.max_seq_len)
+            max_len = kv_positions(self.folder, self.settings)
             self.engine = DecoderEngine(self.folder, threads=self.settings.threads or threads,
                                         max_batch=self.settings.max_batch_size, max_len=max_len)
             self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
@@ -125,6 +127,11 @@ class GenerativeModel:
     @property
     def backend_nodes(self) -> dict[str, int]:
         return {}
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the decode batch's preallocated KV buffers (0 on onnxruntime-genai, which owns its own)."""
+        return self.engine.kv.nbytes if self.engine is not None else 0
 
     # -- requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | Sequence[int] | None = None,

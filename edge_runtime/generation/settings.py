@@ -10,6 +10,7 @@
     max_seq_len = 4096            # cap on the model's context length (sizes the KV buffers)
     prefill_chunk_tokens = 256    # a prompt is prefilled in chunks this long between decode steps
     prefix_cache_bytes = 67108864 # KV of prompt prefixes kept across requests (0 = off)
+                                  # (the KV buffers and this cap are charged to the server's [memory] budget)
     prefix_block_tokens = 16      # prefix cache granularity
     threads = 0                   # ONNX Runtime intra-op threads; 0 = the runtime's
 """

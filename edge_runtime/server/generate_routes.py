@@ -34,9 +34,9 @@ def _parse(request: web.Request, body: dict[str, Any]) -> Any:
     return parse_completion({**merged, **parameters, "model": request.match_info["model"], "prompt": text})
 
 
-def _target(request: web.Request) -> Any:
+async def _target(request: web.Request) -> Any:
     """The generative version named by the URL (its latest version unless the URL names one)."""
-    loaded = generative(request, request.match_info["model"])
+    loaded = await generative(request, request.match_info["model"])
     version = request.match_info.get("version")
     if version is None:
         return loaded
@@ -45,7 +45,7 @@ def _target(request: web.Request) -> Any:
 
 async def generate(request: web.Request) -> web.Response:
     parsed = _parse(request, await json_object(request))
-    loaded = _target(request)
+    loaded = await _target(request)
     prepared = loaded.model.prepare(prompt=parsed.prompt)
     chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)
 
@@ -68,7 +68,7 @@ async def generate(request: web.Request) -> web.Response:
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
     parsed = _parse(request, await json_object(request))
-    loaded = _target(request)
+    loaded = await _target(request)
     prepared = loaded.model.prepare(prompt=parsed.prompt)
     chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)
     first = await anext(chunks)  # admission errors answer with their status, before the stream starts

@@ -46,11 +46,15 @@ async def json_object(request: web.Request) -> dict[str, Any]:
     return document
 
 
-def generative(request: web.Request, name: str) -> Any:
-    """The served version ``name`` if it generates text (ModelNotFoundError / InvalidInputError)."""
+async def generative(request: web.Request, name: str) -> Any:
+    """The served version ``name`` if it generates text (ModelNotFoundError / InvalidInputError),
+    loaded first when the memory settings load on demand (``[memory] lazy_load``, or a budget
+    that unloaded it): its load errors (QueueFullError while busy models hold the room) raise."""
     from edge_runtime.server.generation_serving import GenerationDispatcher
 
-    loaded = state_of(request).repository.get(check_model_name(name))
+    repository = state_of(request).repository
+    await repository.ensure_loaded(check_model_name(name))
+    loaded = repository.get(name)
     if not isinstance(loaded.dispatcher, GenerationDispatcher):
         raise InvalidInputError(f"model {name!r} is a tensor model, not a text generator: call "
                                 f"POST /v2/models/{name}/infer")

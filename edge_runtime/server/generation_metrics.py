@@ -8,6 +8,7 @@
 | edge_runtime_prefix_cache_evicted_blocks_total{model} | blocks dropped by the LRU |
 | edge_runtime_generation_sequences{model,state} | sequences queued, prefilling, running now |
 | edge_runtime_generation_tokens_total{model,kind} | tokens generated (``decode``) and prompt tokens run (``prefill``) |
+| edge_runtime_generation_kv_cache_bytes{model} | the decode batch's preallocated KV buffers (charged to the memory budget with the prefix cache's budget) |
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class GenerationCollector:
                                       labels=("model", "state"))
         tokens = CounterMetricFamily("edge_runtime_generation_tokens", "Tokens run, by kind",
                                      labels=("model", "kind"))
+        kv = GaugeMetricFamily("edge_runtime_generation_kv_cache_bytes", "Bytes of the preallocated KV buffers",
+                               labels=("model",))
         for name, model in sorted(models.items()):
             cache = model.prefix_cache.stats()
             for key, value in (("lookups", cache.lookups), ("hits", cache.hits), ("saved_tokens", cache.hit_tokens),
@@ -53,4 +56,5 @@ class GenerationCollector:
                 sequences.add_metric([name, state], count)
             tokens.add_metric([name, "decode"], batch.tokens_generated)
             tokens.add_metric([name, "prefill"], batch.prefill_tokens)
-        yield from (*counters.values(), *gauges.values(), sequences, tokens)
+            kv.add_metric([name], model.kv_cache_bytes)
+        yield from (*counters.values(), *gauges.values(), sequences, tokens, kv)

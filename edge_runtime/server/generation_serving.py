@@ -1,11 +1,14 @@
 """Generative model versions in the repository: a folder recognised by its contents.
 
 A version folder that ``is_generative_folder`` (an ``optimum`` decoder with its
-tokenizer) loads as a ``GenerativeModel`` instead of a tensor model. Its
-``GenerationDispatcher`` fits the repository's version lifecycle (start,
+tokenizer) loads as a ``GenerativeModel`` instead of a tensor model, and is
+warmed up (``edge_runtime.generation.warmup``) before the repository serves it.
+Its ``GenerationDispatcher`` fits the repository's version lifecycle (start,
 drain on close, pending count) and answers the generation routes
 (``openai_routes``, ``generate_routes``) — locally, or through the model's
 ``[cloud]`` peer (an OpenAI-compatible server) when ``GenerationRouter`` says so.
+Each stream it hands out holds the model busy for the memory budget until the
+stream ends or is closed, so the budget never unloads a model mid-stream.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from edge_runtime.cloud.config import CloudModelConfig, model_cloud_config
 from edge_runtime.errors import InvalidInputError
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from edge_runtime.generation.model import GenerativeModel, PreparedPrompt
     from edge_runtime.generation.sampling import SamplingParams
     from edge_runtime.generation.sequence import Chunk
+    from edge_runtime.memory_budget import MemoryBudget
     from edge_runtime.scheduler import ModelConfig
     from edge_runtime.serving.layout import ServingConfig
     from edge_runtime.serving.repository import LoadedVersion
@@ -32,17 +36,52 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class BusyStream:
+    """The chunks of one request, holding its model busy (``release`` not yet called) from creation
+    until the chunks end, fail, or ``aclose`` is called.
+
+    Busy from creation, not from the first chunk: a request handed to an async task may wait
+    before its first ``anext``, and the model must stay loaded meanwhile.
+    """
+
+    def __init__(self, chunks: AsyncIterator["Chunk"], release: Callable[[], None]) -> None:
+        self._chunks = chunks
+        self._release = release  # idempotent (MemoryBudget.hold)
+
+    def __aiter__(self) -> "BusyStream":
+        return self
+
+    async def __anext__(self) -> "Chunk":
+        try:
+            return await anext(self._chunks)
+        except BaseException:  # StopAsyncIteration included: the stream is over either way
+            self._release()
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._release()
+
+    def __del__(self) -> None:
+        # NOTE: a backstop for a stream dropped unstarted (an async task cancelled before it ran):
+        # nothing else would release the hold, and the model could never be unloaded again.
+        self._release()
+
+
 class GenerationDispatcher:
     """Answers one generative version; ``stream`` yields ``Chunk``s from wherever it ran."""
 
     scheduler = None  # no tensor scheduler: /infer is not how a decoder is called
 
     def __init__(self, name: str, model: "GenerativeModel", cloud: CloudModelConfig,
-                 router: "GenerationRouter | None" = None) -> None:
+                 router: "GenerationRouter | None" = None, budget: "MemoryBudget | None" = None) -> None:
         self.name = name
         self.model = model
         self.cloud = cloud
         self.router = router
+        self.budget = budget
 
     @property
     def plans(self) -> list[str]:
@@ -68,9 +107,17 @@ class GenerationDispatcher:
         raise InvalidInputError(f"model {self.name!r} generates text: call POST /v1/chat/completions, "
                                 f"/v1/completions or /v2/models/{self.name}/generate")
 
-    async def stream(self, prepared: "PreparedPrompt", params: "SamplingParams",
-                     request: Any = None) -> AsyncIterator["Chunk"]:
-        """Chunks of one request; ``request`` (the parsed OpenAI request) lets the router forward it."""
+    def stream(self, prepared: "PreparedPrompt", params: "SamplingParams", request: Any = None) -> BusyStream:
+        """Chunks of one request; ``request`` (the parsed OpenAI request) lets the router forward it.
+
+        The model is busy for the memory budget from this call until the stream ends or is
+        closed: close it (``aclose``) when not reading it to the end.
+        """
+        release = self.budget.hold(self.name) if self.budget is not None else _nothing
+        return BusyStream(self._chunks(prepared, params, request), release)
+
+    async def _chunks(self, prepared: "PreparedPrompt", params: "SamplingParams",
+                      request: Any) -> AsyncIterator["Chunk"]:
         if self.router is not None:
             async for chunk in self.router.stream(prepared, params, request):
                 yield chunk
@@ -79,18 +126,40 @@ class GenerationDispatcher:
             yield chunk
 
 
+def _nothing() -> None:
+    return None
+
+
+def planned_charge(name: str, folder: Path, config: "ModelConfig", footprint_factor: float) -> dict[str, int]:
+    """The budget parts (``weights``, ``kv_cache``, ``prefix_cache``) loading ``folder`` will take."""
+    from edge_runtime.generation.footprint import planned_footprint
+
+    settings = generation_settings(config.extra, f"model {name!r} config")
+    return planned_footprint(folder, settings, footprint_factor).parts()
+
+
 def generative_version(name: str, version: int, folder: Path, config: "ModelConfig", serving: "ServingConfig",
-                       runtime: Any, services: "SharedServices") -> "LoadedVersion":
-    """Load ``folder`` as a generative version (blocking: call it in a worker thread)."""
+                       runtime: Any, services: "SharedServices", budget: "MemoryBudget | None" = None,
+                       footprint_factor: float = 1.0) -> "LoadedVersion":
+    """Load ``folder`` as a generative version and warm it up (blocking: call it in a worker thread).
+
+    The version's ``charge`` holds its budget parts as allocated (``loaded_footprint``).
+    Raises ConfigError for a bad table, ModelLoadError when it does not load or warm up.
+    """
+    from edge_runtime.generation.footprint import loaded_footprint
     from edge_runtime.generation.model import load_generative
+    from edge_runtime.generation.warmup import generation_warmup_config, warm_up_generative
+    from edge_runtime.load_extras import VersionExtras
     from edge_runtime.serving.repository import LoadedVersion
 
     where = f"model {name!r} config"
     settings = generation_settings(config.extra, where)
     cloud = model_cloud_config(config.extra, where)
+    warmup = generation_warmup_config(config.extra.get("warmup"), where)
     model = load_generative(folder, name, settings, threads=runtime.threads)
     router = None
     try:
+        extras = VersionExtras(warm_up_generative(model, warmup), None)  # before it serves: ready means warm
         if cloud.mode != "never" and services.cloud is not None:
             from edge_runtime.generation.cloud_router import GenerationRouter
 
@@ -102,4 +171,5 @@ def generative_version(name: str, version: int, folder: Path, config: "ModelConf
     except BaseException:
         model.close()
         raise
-    return LoadedVersion(name, version, model, GenerationDispatcher(name, model, cloud, router), config, serving)
+    return LoadedVersion(name, version, model, GenerationDispatcher(name, model, cloud, router, budget), config,
+                         serving, extras=extras, charge=loaded_footprint(model, footprint_factor).parts())

@@ -100,13 +100,14 @@ class _Answer:
 
 
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
-    loaded = generative(request, parsed.model)
+    loaded = await generative(request, parsed.model)
+    # NOTE: no await from here to dispatcher.stream, which marks the model busy: the budget cannot unload it between.
     prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
     answer = _Answer(parsed, loaded)
-    chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)
+    if parsed.wants_async and parsed.stream:
+        raise InvalidInputError("'async' and 'stream' cannot be combined")
+    chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
     if parsed.wants_async:
-        if parsed.stream:
-            raise InvalidInputError("'async' and 'stream' cannot be combined")
         return _submit_task(request, loaded, answer, chunks, prepared.text)
     first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent
     if parsed.stream:
@@ -154,12 +155,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """Served generative models (with their context length); when models load on demand, also those
+    on disk that a request would load (``"loaded": false``, no context length until loaded)."""
     from edge_runtime.server.generation_serving import GenerationDispatcher
 
-    served = [v for v in state_of(request).repository.served() if isinstance(v.dispatcher, GenerationDispatcher)]
+    repository = state_of(request).repository
+    served = [v for v in repository.served() if isinstance(v.dispatcher, GenerationDispatcher)]
     latest = {v.name: v for v in served}  # served() is sorted by version: the last one wins
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "edge-runtime",
-             "context_length": v.model.context_length} for name, v in sorted(latest.items())]
+    entries = {name: {"id": name, "object": "model", "created": 0, "owned_by": "edge-runtime",
+                      "context_length": v.model.context_length, "loaded": True} for name, v in latest.items()}
+    if repository.loads_on_demand:
+        for name in repository.generative_on_disk():
+            if name not in entries and not repository.versions_served(name):
+                entries[name] = {"id": name, "object": "model", "created": 0, "owned_by": "edge-runtime",
+                                 "loaded": False}
+    data = [entries[name] for name in sorted(entries)]
     return web.Response(text=dumps({"object": "list", "data": data}), content_type="application/json")
 
 
@@ -168,5 +178,6 @@ OPENAI_ROUTES = (
     ("POST", "/v1/chat/completions", chat_completions,
      "OpenAI chat completions (SSE with stream: true; async: true answers 202 with a task)", None, None, "openai"),
     ("POST", "/v1/completions", completions, "OpenAI completions (plain prompt)", None, None, "openai"),
-    ("GET", "/v1/models", list_models, "Generative models served (OpenAI list)", None, None, "openai"),
+    ("GET", "/v1/models", list_models, "Generative models served, and those a request would load (OpenAI list)",
+     None, None, "openai"),
 )

@@ -156,13 +156,21 @@ async def model_stats(request: web.Request) -> web.Response:
 
 
 def _residency(state: ServerState, version: Any) -> dict[str, Any]:
-    """Our additions to a version's Triton statistics: memory charge, warm-up, result cache."""
-    charged, measured = state.repository.budget.owner_bytes(version.name)
+    """Our additions to a version's Triton statistics: memory charge (the model's, with its parts),
+    warm-up, result cache, and for a generative version its KV and prefix cache bytes."""
+    budget = state.repository.budget
+    charged, measured = budget.owner_bytes(version.name)
     extras = version.extras
-    return {"edge_runtime": {
-        "memory_bytes": {"charged": charged, "measured": measured},
+    document = {
+        "memory_bytes": {"charged": charged, "measured": measured, "parts": budget.owner_parts(version.name)},
         "warmup": extras.warmup.to_dict() if extras is not None else None,
-        "result_cache": extras.result_cache.snapshot() if extras is not None and extras.result_cache else None}}
+        "result_cache": extras.result_cache.snapshot() if extras is not None and extras.result_cache else None}
+    prefix_cache = getattr(version.model, "prefix_cache", None)  # a GenerativeModel
+    if prefix_cache is not None:
+        cache = prefix_cache.stats()
+        document["generation"] = {"kv_cache_bytes": version.model.kv_cache_bytes,
+                                  "prefix_cache_bytes": cache.bytes, "prefix_cache_budget_bytes": cache.budget_bytes}
+    return {"edge_runtime": document}
 
 
 async def infer(request: web.Request) -> web.Response:

@@ -68,6 +68,7 @@ class LoadedVersion:
     serving: ServingConfig
     memory_bytes: int = 0  # resident bytes its load added (at least the model file's size)
     extras: "VersionExtras | None" = None  # warm-up report and result cache (edge_runtime.load_extras)
+    charge: Mapping[str, int] | None = None  # its memory-budget parts as allocated (generative); None: as planned
 
     @property
     def scheduler(self) -> ModelScheduler | None:
@@ -165,12 +166,17 @@ class ModelRepository:
         self.start()
         async with self._lock:
             try:
-                need = self._make_room(name)
+                planned = await asyncio.to_thread(self._plan, name)  # reads a decoder's graph: off the loop
+                self._make_room(name, planned)
                 fresh = await asyncio.to_thread(self._compile, name)
             except EdgeRuntimeError as exc:
                 self._failures[name] = str(exc)
                 raise
-            self.budget.charge(name, need, sum(v.memory_bytes for v in fresh.values()))
+            parts = _sum_parts(v.charge if v.charge is not None else planned[n] for n, v in fresh.items())
+            if parts != _sum_parts(planned.values()):
+                log.warning("model %s: allocated %s bytes, planned %s; charging what was allocated",
+                            name, parts, _sum_parts(planned.values()))
+            self.budget.charge(name, sum(parts.values()), sum(v.memory_bytes for v in fresh.values()), parts)
             for loaded in fresh.values():
                 await loaded.dispatcher.start()
             old = self._served.get(name, {})
@@ -217,10 +223,20 @@ class ModelRepository:
             await asyncio.to_thread(self.services.close)
             self.services = None
 
+    @property
+    def loads_on_demand(self) -> bool:
+        """True when a request may load its model (``lazy_load``, or a budget that unloads models)."""
+        return self.memory.lazy_load or bool(self.memory.budget_bytes)
+
+    def generative_on_disk(self) -> list[str]:
+        """Models on disk with a generative version folder (a cheap scan: no ONNX is read)."""
+        return [name for name in self.names_on_disk()
+                if any(is_generative_folder(self.root / name / str(v)) for v in self.versions_on_disk(name))]
+
     async def ensure_loaded(self, name: str) -> None:
         """Load ``name`` now if it is on disk, not served, and the memory settings load lazily
         (``lazy_load``, or a budget that unloaded it); otherwise do nothing (``get`` then answers)."""
-        if name in self._served or not (self.memory.lazy_load or self.memory.budget_bytes):
+        if name in self._served or not self.loads_on_demand:
             return
         if not MODEL_NAME.fullmatch(name) or not self.versions_on_disk(name):
             return
@@ -232,18 +248,47 @@ class ModelRepository:
             task.add_done_callback(lambda _: self._lazy_loads.pop(name, None))
         await asyncio.shield(task)
 
-    def _make_room(self, name: str) -> int:
-        """``name``'s budget charge, after unloading idle models (LRU) so it fits; QueueFullError if it cannot."""
+    def _plan(self, name: str) -> dict[int, dict[str, int]]:
+        """Worker thread: ``name``'s budget parts per chosen version, before anything is allocated.
+
+        A tensor version is charged its ``weights`` (file size × ``footprint_factor``); a
+        generative one adds its KV cache and prefix cache (``edge_runtime.generation.footprint``).
+        Raises ModelLoadError when a generative model's charge exceeds the whole budget: it can
+        never fit, and the message names the parts to shrink.
+        """
         from edge_runtime.load_extras import footprint_bytes
 
-        _, _, selected = self._read(name)
-        need = footprint_bytes((model_file(self.root / name / str(v)) for v in selected), self.memory.footprint_factor)
+        config, _, selected = self._read(name)
+        factor = self.memory.footprint_factor
+        planned: dict[int, dict[str, int]] = {}
+        for version in selected:
+            directory = self.root / name / str(version)
+            if is_generative_folder(directory):
+                from edge_runtime.server.generation_serving import planned_charge
+
+                planned[version] = planned_charge(name, directory, config, factor)
+            else:
+                planned[version] = {"weights": footprint_bytes([model_file(directory)], factor)}
+        parts = _sum_parts(planned.values())
+        budget = self.budget.budget_bytes
+        if budget and sum(parts.values()) > budget and "kv_cache" in parts:
+            from edge_runtime.generation.footprint import GenerationFootprint
+
+            described = GenerationFootprint(parts.get("weights", 0), parts.get("kv_cache", 0),
+                                            parts.get("prefix_cache", 0)).describe()
+            raise ModelLoadError(f"model {name!r} needs {described} (version(s) {selected}), more than the whole "
+                                 f"memory budget of {budget} bytes ([memory] budget_bytes): lower its [generation] "
+                                 "max_batch_size, max_seq_len or prefix_cache_bytes, or raise the budget")
+        return planned
+
+    def _make_room(self, name: str, planned: Mapping[int, Mapping[str, int]]) -> None:
+        """Unload idle models (LRU) so ``planned`` fits; QueueFullError when busy models hold the room."""
+        need = sum(sum(parts.values()) for parts in planned.values())
         for victim in self.budget.make_room(need, name):
             log.warning("memory budget: unloading idle model %s to load %s", victim, name)
             self._failures[victim] = "unloaded to fit the memory budget; it loads again on its next request"
             self.budget.release(victim)
             self._retire(self._served.pop(victim, {}).values())
-        return need
 
     # -- internals ---------------------------------------------------------------------
     def _compile(self, name: str) -> dict[int, LoadedVersion]:
@@ -275,7 +320,8 @@ class ModelRepository:
         if is_generative_folder(path.parent):  # a decoder LLM folder: served by the generation routes
             from edge_runtime.server.generation_serving import generative_version
 
-            return generative_version(name, version, path.parent, config, serving, self.runtime, services)
+            return generative_version(name, version, path.parent, config, serving, self.runtime, services,
+                                      self.budget, self.memory.footprint_factor)
         try:
             model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime))
         except CANNOT_LOAD_HERE as exc:
@@ -327,6 +373,15 @@ class ModelRepository:
     async def _drain(self, version: LoadedVersion) -> None:
         await version.dispatcher.close(self._drain_timeout_s)
         version.model.close()
+
+
+def _sum_parts(parts: Any) -> dict[str, int]:
+    """Budget parts of several versions added up, key by key."""
+    total: dict[str, int] = {}
+    for entry in parts:
+        for key, value in entry.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def _rss_bytes() -> int:
