@@ -225,14 +225,17 @@ def decoder_folder_from_hf(hf_folder: Path, out: Path) -> Path:
     return out
 
 
-def write_decoder_folder(folder: Path, shape: DecoderShape, seed: int = 0) -> Path:
-    """A complete optimum-layout folder with random weights and a locally trained tokenizer."""
+def write_decoder_folder(folder: Path, shape: DecoderShape, seed: int = 0, std: float = 0.2) -> Path:
+    """A complete optimum-layout folder with random weights and a locally trained tokenizer.
+
+    ``std`` as in ``random_weights``: 0.2 keeps greedy output varied; about 0.02 (Hugging Face's
+    initialiser) gives activations and logits of a trained model's scale, for quantization drift."""
     from edge_runtime.tokenizer_zoo import write_tokenizer_files
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     bos, eos = write_tokenizer_files(folder, shape.vocab, "qwen2", seed=seed, max_positions=shape.max_positions)
-    onnx.save(build_decoder(shape, random_weights(shape, seed)), str(folder / "model.onnx"))
+    onnx.save(build_decoder(shape, random_weights(shape, seed, std)), str(folder / "model.onnx"))
     config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": shape.vocab,
               "hidden_size": shape.hidden, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
               "num_key_value_heads": shape.kv_heads, "intermediate_size": shape.intermediate,

@@ -16,15 +16,24 @@ PLAN_CHOICES = ("cpu", "gpu", "hybrid", "auto")
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    quantize = sub.add_parser("quantize", help="int8 (dynamic / static QDQ) or fp16 copy of an ONNX model, "
-                                               "with its accuracy and speed against fp32")
-    quantize.add_argument("model", type=Path, help="fp32 ONNX model")
-    quantize.add_argument("--mode", choices=("dynamic", "static", "fp16"), required=True,
-                          help="dynamic int8, static int8 (QDQ, calibrated) or fp16")
-    quantize.add_argument("--out", type=Path, required=True, metavar="PATH", help="write the converted model here")
-    quantize.add_argument("--calibration", type=Path, metavar="DIR_OF_NPY",
-                          help="calibration/report samples: one .npy (single input) or .npz (per input) per file; "
-                               "default: 16 seeded random samples")
+    quantize = sub.add_parser("quantize", help="int8 (dynamic / static QDQ) or fp16 copy of an ONNX model, or an "
+                                               "int4/int8 weight-only copy of a decoder LLM folder, with its "
+                                               "accuracy and speed against the original")
+    quantize.add_argument("model", type=Path, help="fp32 ONNX model, or a decoder LLM folder (optimum layout)")
+    quantize.add_argument("--mode", choices=("dynamic", "static", "fp16", "int4", "int8"), required=True,
+                          help="a model file: dynamic int8, static int8 (QDQ, calibrated) or fp16; "
+                               "a decoder folder: int4 or int8 weight-only (MatMulNBits)")
+    quantize.add_argument("--out", type=Path, required=True, metavar="PATH",
+                          help="write the converted model (a decoder: the converted folder) here")
+    quantize.add_argument("--calibration", type=Path, metavar="DIR_OF_NPY|TEXT",
+                          help="a model file: one .npy (single input) or .npz (per input) per sample, default 16 "
+                               "seeded random samples; a decoder folder: a .txt file or folder of them, default a "
+                               "built-in phone-agent text")
+    quantize.add_argument("--block-size", type=int, default=None,
+                          help="decoder: weights per quantization block (power of two, 16..256; default 32)")
+    quantize.add_argument("--accuracy-level", type=int, default=None, choices=range(5), metavar="0..4",
+                          help="decoder: MatMulNBits compute type, 0 = fp32, 4 = int8 (default 4)")
+    quantize.add_argument("--new-tokens", type=int, default=32, help="decoder: tokens per timed generation (32)")
     quantize.add_argument("--plan", choices=PLAN_CHOICES, action="append", default=None,
                           help="time on this plan (repeatable; default: every plan this device has)")
     quantize.add_argument("--rounds", type=int, default=5, help="timing rounds, best of each (default 5)")
@@ -73,10 +82,15 @@ def run_quantize(args: argparse.Namespace) -> int:
     from edge_runtime.optimize.workflow import convert
     from edge_runtime.runtime import Runtime
 
-    if not args.model.is_file():
-        raise InvalidInputError(f"model file not found: {args.model}")
     if args.rounds < 1:
         raise InvalidInputError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.model.is_dir():
+        return _quantize_decoder(args)
+    if not args.model.is_file():
+        raise InvalidInputError(f"model file not found: {args.model}")
+    if args.mode in ("int4", "int8"):
+        raise InvalidInputError(f"--mode {args.mode} quantizes a decoder LLM folder's weights; for an ONNX model "
+                                f"file use --mode dynamic, static or fp16 (got the file {args.model})")
     runtime = Runtime()
     progress = _Progress()
     try:
@@ -101,6 +115,36 @@ def run_quantize(args: argparse.Namespace) -> int:
               f" {speed['speedup']:.2f}x")
     for failed in data["plan_errors"]:
         print(f"  {failed['plan']}: cannot load the converted model: {failed['error']}")
+    return 0
+
+
+def _quantize_decoder(args: argparse.Namespace) -> int:
+    from edge_runtime.optimize.workflow import convert_decoder
+    from edge_runtime.runtime import Runtime
+
+    runtime = Runtime()
+    try:
+        report = convert_decoder(runtime, args.model, args.out, args.mode, calibration=args.calibration,
+                                 block_size=args.block_size, accuracy_level=args.accuracy_level,
+                                 rounds=args.rounds, new_tokens=args.new_tokens)
+    finally:
+        runtime.close()
+    data = report.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    drift, speed = data["drift"], data["speed"]
+    print(f"{args.mode}: wrote {data['out']} ({data['out_bytes']} bytes, {data['size_ratio']}x of the original; "
+          f"{data['matmuls_quantized']} of {data['matmuls_total']} MatMuls, block {data['block_size']}, "
+          f"accuracy level {data['accuracy_level']})")
+    print(f"drift on {drift['tokens']} tokens of the {data['text_from']} text (teacher-forced):")
+    print(f"  perplexity {drift['perplexity_reference']:.4g} -> {drift['perplexity_candidate']:.4g} "
+          f"({drift['perplexity_ratio']:.4f}x), KL mean {drift['kl_mean']:.3g} max {drift['kl_max']:.3g} nats/token, "
+          f"greedy agreement {drift['greedy_agreement']:.2%}, max |logit| diff {drift['max_abs_logit']:.3g}")
+    print(f"decode speed (best of {speed['rounds']} rounds, {speed['new_tokens']} tokens): "
+          f"original {speed['reference_tokens_per_s']:.1f} tokens/s, {args.mode} "
+          f"{speed['candidate_tokens_per_s']:.1f} tokens/s, {speed['speedup']:.2f}x; time to first token "
+          f"{speed['reference_ttft_ms']:.1f} -> {speed['candidate_ttft_ms']:.1f} ms")
     return 0
 
 

@@ -92,3 +92,43 @@ def _available_plans(runtime: "Runtime", source: Path) -> list[str]:
     if runtime.accelerator() is None:
         return ["cpu"]
     return list(runtime.planner(source).available())
+
+
+@dataclass(frozen=True)
+class DecoderConversionReport:
+    """A decoder folder's weight-only quantization, its drift on the calibration text and its decode speed."""
+
+    result: Any  # DecoderQuantizeResult
+    text_from: str  # the calibration file or folder, or "default"
+    drift: Any  # DecoderDrift
+    speed: Any  # DecodeSpeed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.result.to_dict(), "text_from": self.text_from, "drift": self.drift.to_dict(),
+                "speed": self.speed.to_dict()}
+
+
+def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, calibration: Path | None = None,
+                    block_size: int | None = None, accuracy_level: int | None = None, rounds: int = 3,
+                    new_tokens: int = 32, window: int = 256) -> DecoderConversionReport:
+    """int4/int8 weight-only copy of a decoder folder, then its teacher-forced drift and decode speed
+    against the original (``edge_runtime.optimize.decoder_quant`` and ``decoder_drift``)."""
+    from edge_runtime.errors import InvalidInputError
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.optimize.decoder_drift import (calibration_text, compare_decode_speed, decoder_drift,
+                                                     token_windows)
+    from edge_runtime.optimize.decoder_quant import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, quantize_decoder
+
+    text, text_from = calibration_text(calibration)  # read first: a bad file fails before minutes of work
+    context = read_folder(folder).context_length
+    if not 2 <= new_tokens < context - 1:
+        raise InvalidInputError(f"--new-tokens must be from 2 to {context - 2} (this model's context is {context} "
+                                f"tokens), got {new_tokens}")
+    # The timed prompt: the text's first tokens, short enough to leave the new tokens room.
+    prompt = token_windows(folder, text, min(64, context - new_tokens - 1), 64)[0]
+    result = quantize_decoder(folder, out, mode,
+                              block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+                              accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level)
+    drift = decoder_drift(folder, out, text, window=window, threads=runtime.threads)
+    speed = compare_decode_speed(runtime, folder, out, prompt=prompt, new_tokens=new_tokens, rounds=rounds)
+    return DecoderConversionReport(result, text_from, drift, speed)

@@ -1,0 +1,36 @@
+"""Decoder folders quantized to int4/int8 weights (``edge-runtime quantize --mode int4|int8``) serve like any other.
+
+Oracle: the no-cache recompute (``oracle_greedy``) on the quantized folder
+itself: the engine's KV-cache path, continuous batching and prefill chunks
+must give the tokens a full recompute gives, whatever the weights' precision.
+The folders are real ``optimum`` exports of ``transformers`` models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from generation_fixtures import oracle_greedy
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_a_quantized_optimum_export_decodes_greedily_like_its_no_cache_oracle(onnx_folder: Path, tmp_path: Path,
+                                                                              model_factory, mode: str) -> None:
+    from edge_runtime.optimize.decoder_quant import quantize_decoder
+
+    result = quantize_decoder(onnx_folder, tmp_path / mode, mode)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / mode / "model.onnx")).graph.node]
+    assert ops.count("MatMulNBits") == result.matmuls_quantized > 0
+    model = model_factory(tmp_path / mode, max_batch_size=2, prefill_chunk_tokens=8)
+    messages = [{"role": "user", "content": "open the settings menu then scroll down"}]
+    prompts = [model.prepare(messages=messages).ids, model.prepare(prompt="tap the back button twice").ids]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:  # two at once: batched decode rows over quantized weights
+        results = list(pool.map(lambda ids: model.generate(prompt=ids, max_tokens=12), prompts))
+    eos = set(model.folder.eos_token_ids)
+    for ids, got in zip(prompts, results):
+        assert list(got.token_ids) == oracle_greedy(tmp_path / mode, ids, 12, eos)

@@ -1,0 +1,221 @@
+"""int4/int8 weight-only quantization of decoder folders (``edge-runtime quantize FOLDER --mode int4|int8``).
+
+Oracles: the ``MatMulNBits`` contract as onnxruntime's contrib-op spec writes it
+(packed ``B``, one scale per block, zero point 2^(bits-1) when none is given),
+dequantized here in numpy and put back into the fp32 graph, run by plain ONNX
+Runtime; torch's ``log_softmax``/``kl_div`` on the logits ONNX Runtime gives
+for the drift report; the command line for the user-facing errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+from edge_runtime.generation.engine import kv_names
+from edge_runtime.generation.folder import read_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = DecoderShape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=600, max_positions=128)
+TEXT = "tap the settings icon, then scroll down to the network entry and open it. " * 6
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # std 0.05: logits of a moderate scale, so greedy picks are not near-ties everywhere
+    return write_decoder_folder(tmp_path_factory.mktemp("dq") / "fp32", SHAPE, seed=4, std=0.05)
+
+
+def quantized(decoder: Path, root: Path, mode: str, **kwargs: int) -> Path:
+    from edge_runtime.optimize.decoder_quant import quantize_decoder
+
+    out = root / f"{mode}-{kwargs.get('accuracy_level', 4)}"
+    if not (out / "model.onnx").is_file():
+        quantize_decoder(decoder, out, mode, **kwargs)
+    return out
+
+
+def session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def logits_of(folder: Path, tokens: list[int]) -> np.ndarray:
+    description = read_folder(folder)
+    n, layout = len(tokens), description.kv
+    feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, n), np.int64),
+             "position_ids": np.arange(n, dtype=np.int64)[None]}
+    for name in kv_names(layout.layers)[0]:
+        feeds[name] = np.zeros((1, layout.kv_heads, 0, layout.head_dim), layout.dtype)
+    return session(description.model_path).run(["logits"], feeds)[0][0]
+
+
+def dequantized_weights(model: onnx.ModelProto) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{original weight name: (W [K, N] dequantized per the MatMulNBits spec, per-element scale)}."""
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+        assert len(node.input) < 4 or not node.input[3], "symmetric: no zero points expected"
+        packed = init[node.input[1]].reshape(n, -1)  # [N, blocks * block * bits / 8] bytes
+        if bits == 4:  # two values a byte, the low nibble first
+            values = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1)
+        else:
+            values = packed
+        blocks = math.ceil(k / block)
+        scales = init[node.input[2]].reshape(n, blocks).astype(np.float32)
+        per_element = np.repeat(scales, block, axis=1)[:, :k]
+        w = (values[:, :k].astype(np.float32) - 2 ** (bits - 1)) * per_element
+        original = node.input[1].rsplit("_Q", 1)[0]
+        out[original] = (w.T, np.abs(per_element.T))  # symmetric scales carry the sign of the block's extreme
+    return out
+
+
+@pytest.mark.parametrize("mode,bits", [("int4", 4), ("int8", 8)])
+def test_quantized_matmuls_compute_the_dequantized_weights_within_one_step(decoder: Path, tmp_path: Path,
+                                                                           mode: str, bits: int) -> None:
+    out = quantized(decoder, tmp_path, mode, accuracy_level=0)  # level 0: fp32 compute, exact to the spec
+    model, source = onnx.load(str(out / "model.onnx")), onnx.load(str(decoder / "model.onnx"))
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    weights = dequantized_weights(model)
+    original = {t.name: numpy_helper.to_array(t) for t in source.graph.initializer}
+    # every projection and the LM head: per layer the fused q/k/v, o, fused gate/up, down; then lm_head
+    assert len(nbits) == 4 * SHAPE.layers + 1 and set(weights) <= set(original)
+    assert {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute if a.name == "bits"} == {bits}
+    for name, (w, scale) in weights.items():
+        error = np.abs(w - original[name])
+        assert np.all(error <= scale * 1.0001 + 1e-7), name  # rounding, or clipping of the largest value
+        assert error.mean() <= 0.3 * scale.mean(), name  # rounding error averages a quarter step
+    # Put the dequantized weights into the fp32 graph: the quantized model must compute exactly that.
+    for tensor in source.graph.initializer:
+        if tensor.name in weights:
+            tensor.CopyFrom(numpy_helper.from_array(weights[tensor.name][0].astype(np.float32), tensor.name))
+    oracle = tmp_path / "oracle"
+    oracle.mkdir()
+    for f in decoder.iterdir():
+        if f.name != "model.onnx":
+            (oracle / f.name).write_bytes(f.read_bytes())
+    onnx.save(source, str(oracle / "model.onnx"))
+    tokens = list(range(3, 40))
+    np.testing.assert_allclose(logits_of(out, tokens), logits_of(oracle, tokens), atol=2e-4, rtol=1e-4)
+    assert not np.allclose(logits_of(out, tokens), logits_of(decoder, tokens), atol=2e-4)  # it did quantize
+
+
+def test_the_drift_report_equals_torch_on_onnxruntime_logits(decoder: Path, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from tokenizers import Tokenizer
+
+    from edge_runtime.optimize.decoder_drift import decoder_drift
+
+    out = quantized(decoder, tmp_path, "int4")
+    drift = decoder_drift(decoder, out, TEXT, window=40)
+    ids = Tokenizer.from_file(str(decoder / "tokenizer.json")).encode(TEXT, add_special_tokens=False).ids
+    windows = [w for w in (ids[i:i + 40] for i in range(0, len(ids), 40)) if len(w) >= 2]
+    nll = {"ref": 0.0, "cand": 0.0}
+    kl, agree = [], 0
+    for w in windows:
+        ref = torch.log_softmax(torch.from_numpy(logits_of(decoder, w)).double(), -1)
+        cand = torch.log_softmax(torch.from_numpy(logits_of(out, w)).double(), -1)
+        target = torch.tensor(w[1:])
+        nll["ref"] += float(torch.nn.functional.nll_loss(ref[:-1], target, reduction="sum"))
+        nll["cand"] += float(torch.nn.functional.nll_loss(cand[:-1], target, reduction="sum"))
+        kl.append(torch.nn.functional.kl_div(cand, ref, log_target=True, reduction="none").sum(-1))
+        agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
+    predicted = sum(len(w) - 1 for w in windows)
+    kl_all = torch.cat(kl)
+    assert drift.windows == len(windows) and drift.tokens == len(kl_all)
+    assert drift.perplexity_reference == pytest.approx(math.exp(nll["ref"] / predicted), rel=1e-4)
+    assert drift.perplexity_candidate == pytest.approx(math.exp(nll["cand"] / predicted), rel=1e-4)
+    assert drift.kl_mean == pytest.approx(float(kl_all.mean()), rel=1e-3, abs=1e-9)
+    assert drift.kl_max == pytest.approx(float(kl_all.max()), rel=1e-3, abs=1e-9)
+    assert drift.greedy_agreement == pytest.approx(agree / len(kl_all))
+    assert drift.kl_mean > 0  # int4 does drift
+
+
+def test_eight_bits_drift_less_than_four(decoder: Path, tmp_path: Path) -> None:
+    from edge_runtime.optimize.decoder_drift import decoder_drift
+
+    four = decoder_drift(decoder, quantized(decoder, tmp_path, "int4"), TEXT, window=64)
+    eight = decoder_drift(decoder, quantized(decoder, tmp_path, "int8"), TEXT, window=64)
+    assert eight.kl_mean < four.kl_mean / 4
+    assert eight.max_abs_logit < four.max_abs_logit
+    assert abs(eight.perplexity_candidate / eight.perplexity_reference - 1) < 0.01
+
+
+def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT), "EDGE_RUNTIME_THREADS": "2"}
+    return subprocess.run([sys.executable, "-m", "edge_runtime", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_text(decoder: Path,
+                                                                                 tmp_path: Path) -> None:
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+
+    text = tmp_path / "agent.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "int4"
+    result = cli("quantize", str(decoder), "--mode", "int4", "--out", str(out), "--calibration", str(text),
+                 "--block-size", "16", "--rounds", "1", "--new-tokens", "4", "--json", cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["text_from"] == str(text) and report["block_size"] == 16 and report["bits"] == 4
+    assert report["matmuls_quantized"] == 4 * SHAPE.layers + 1
+    assert report["out_bytes"] < 0.5 * report["source_bytes"]
+    assert report["drift"]["tokens"] > 50 and 0 < report["drift"]["greedy_agreement"] <= 1
+    assert report["speed"]["reference_tokens_per_s"] > 0 and report["speed"]["candidate_tokens_per_s"] > 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in decoder.iterdir())
+    model = GenerativeModel("q", out, GenerationSettings(), threads=1)
+    try:
+        assert model.generate(prompt="open the settings", max_tokens=5, ignore_eos=True).usage.completion_tokens == 5
+    finally:
+        model.close()
+    text_out = cli("quantize", str(decoder), "--mode", "int8", "--out", str(tmp_path / "int8"), "--rounds", "1",
+                   "--new-tokens", "3", cache=tmp_path / "cache")
+    assert text_out.returncode == 0, text_out.stderr
+    assert "int8: wrote" in text_out.stdout and "greedy agreement" in text_out.stdout
+    assert "tokens/s" in text_out.stdout and "of the default text" in text_out.stdout
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("folder-dynamic", "a decoder folder takes --mode int4 or int8"),
+    ("file-int4", "for an ONNX model file use --mode dynamic, static or fp16"),
+    ("block", "block size must be a power of two from 16 to 256, got 48"),
+    ("binary-text", "cannot read"),
+    ("same-folder", "--out must be a new folder"),
+    ("not-a-decoder", "no model.onnx"),
+])
+def test_wrong_arguments_get_a_clear_error(decoder: Path, tmp_path: Path, case: str, needle: str) -> None:
+    binary = tmp_path / "calib.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "tokenizer.json").write_text("{}")
+    args = {
+        "folder-dynamic": [str(decoder), "--mode", "dynamic", "--out", str(tmp_path / "o")],
+        "file-int4": [str(decoder / "model.onnx"), "--mode", "int4", "--out", str(tmp_path / "o")],
+        "block": [str(decoder), "--mode", "int4", "--block-size", "48", "--out", str(tmp_path / "o")],
+        "binary-text": [str(decoder), "--mode", "int4", "--calibration", str(binary), "--out", str(tmp_path / "o")],
+        "same-folder": [str(decoder), "--mode", "int8", "--out", str(decoder)],
+        "not-a-decoder": [str(empty), "--mode", "int8", "--out", str(tmp_path / "o")],
+    }[case]
+    result = cli("quantize", *args, cache=tmp_path / "cache")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert needle in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o" / "model.onnx").exists()
