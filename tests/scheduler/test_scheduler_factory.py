@@ -88,15 +88,23 @@ def test_models_of_one_runtime_share_device_workers(runtime, mlp_path) -> None:
 
 @pytest.mark.requires_opencl
 async def test_an_adaptive_policy_serves_the_partitioners_hybrid_plan_where_it_finds_one(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     from edge_runtime.config import RuntimeConfig
     from edge_runtime.model_zoo import build_mobilenet
+    from edge_runtime.planning.cost import BackendSpeed
     from edge_runtime.runtime import Runtime
 
     folder = tmp_path_factory.mktemp("hybrid")
     proto = build_mobilenet()
     onnx.save(proto, str(folder / "mobilenet.onnx"))
     rt = Runtime(RuntimeConfig(cache_dir=folder / "cache", intra_op_threads=2))  # OpenCL (PoCL in CI) probed
+    # Whether the pipeline cut pays depends on the calibrated speeds, which a busy 2-core machine
+    # measures anywhere from balanced to lopsided; pin them balanced, with cheap copies, so the
+    # partitioner finds a two-backend cut and this test is about the scheduler serving it.
+    speeds = {"cpu": BackendSpeed("cpu", gflops=10.0, mem_gbps=10.0, launch_us=5.0, stage_us=20.0),
+              "opencl": BackendSpeed("opencl", gflops=10.0, mem_gbps=10.0, launch_us=5.0, stage_us=20.0,
+                                     copy_gbps=100.0, copy_latency_us=1.0)}
+    monkeypatch.setattr(rt, "backend_speed", lambda name: speeds[name])
     try:
         model = rt.load(folder / "mobilenet.onnx", backend="cpu")
         sched = scheduler_for(model, model_config({"scheduler": {"policy": "threshold"}}), rt, None)
