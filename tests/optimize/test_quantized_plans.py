@@ -119,3 +119,26 @@ def test_quantized_models_run_on_the_cpu_plan_without_an_accelerator(cnn_path: P
         feeds = feeds_for(0)
         np.testing.assert_allclose(model.run(feeds)["logits"], plain_ort(path, feeds)["logits"], rtol=1e-5, atol=1e-5)
         model.close()
+
+
+def test_the_speed_report_times_sessions_that_do_not_spin(cnn_path: Path, tmp_path: Path, cpu_runtime: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 and int8 take turns in one process: a spinning idle session would steal the other's cores."""
+    from edge_runtime.optimize import workflow
+
+    spinning: dict[str, list[str]] = {}
+    real_speed_report = workflow.speed_report
+
+    def capture(pairs, *args, **kwargs):
+        for plan, (reference, candidate) in pairs.items():
+            spinning[plan] = []
+            for run in (reference, candidate):  # bound Model.run of the models the report times
+                (stage,) = run.__self__.executable.stages
+                options = stage.executable._session.get_session_options()  # ORT's session behind the plan
+                spinning[plan].append(options.get_session_config_entry("session.intra_op.allow_spinning"))
+        return real_speed_report(pairs, *args, **kwargs)
+
+    monkeypatch.setattr(workflow, "speed_report", capture)
+    convert(cpu_runtime, cnn_path, tmp_path / "q.onnx", "dynamic", plans=["cpu"], seeded_count=2, rounds=1,
+            runs_per_round=1)
+    assert spinning == {"cpu": ["0", "0"]}
