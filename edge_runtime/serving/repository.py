@@ -179,6 +179,7 @@ class ModelRepository:
             self.budget.charge(name, sum(parts.values()), sum(v.memory_bytes for v in fresh.values()), parts)
             for loaded in fresh.values():
                 await loaded.dispatcher.start()
+                await _warm_request_path(loaded)
             old = self._served.get(name, {})
             self._served[name] = fresh
             self._failures.pop(name, None)
@@ -373,6 +374,16 @@ class ModelRepository:
     async def _drain(self, version: LoadedVersion) -> None:
         await version.dispatcher.close(self._drain_timeout_s)
         version.model.close()
+
+
+async def _warm_request_path(loaded: LoadedVersion) -> None:
+    """After the plans' own warm-up, one request per plan through the version's scheduler (not the
+    cloud router, not the statistics): see ``edge_runtime.warmup.warm_request_path``."""
+    from edge_runtime.warmup import warm_request_path
+
+    scheduler = loaded.dispatcher.scheduler
+    if loaded.extras is not None and scheduler is not None:
+        await warm_request_path(scheduler, loaded.model.inputs, loaded.extras.warmup)
 
 
 def _sum_parts(parts: Any) -> dict[str, int]:

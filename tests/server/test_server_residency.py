@@ -131,6 +131,18 @@ async def test_every_plan_is_warmed_up_before_the_model_is_ready(aiohttp_client:
     metadata = await (await client.get("/v2/models/plain")).json()
     assert warmup["done"] and set(warmup["first_run_ms"]) == set(metadata["edge_runtime"]["plans"])
     assert warmup["shapes"] == [{"input": [1, 64]}, {"input": [4, 64]}]
+    # ... and once more through the scheduler's device workers, so the first request starts no thread.
+    # The warm-off model's scheduler has run nothing.
+    from edge_runtime.server.state import STATE
+
+    repository = client.server.app[STATE].repository
+    counters = repository.get("plain").dispatcher.scheduler.stats()
+    assert {p: counters.get(f"plan:{p}") for p in metadata["edge_runtime"]["plans"]} == \
+        {p: 1 for p in metadata["edge_runtime"]["plans"]}
+    assert counters.get("success") == len(metadata["edge_runtime"]["plans"]) and not counters.get("failures")
+    assert "success" not in repository.get("gated").dispatcher.scheduler.stats()
+    served = (await (await client.get("/v2/models/plain/stats")).json())["model_stats"][0]
+    assert served["inference_count"] == 0  # warm-up requests are not the clients': not in the statistics
     (mlp_repo / "plain" / "config.toml").write_text('[warmup]\nshapes = [{ input = [1, 65] }]\n')
     response = await client.post("/v2/repository/models/plain/load")
     assert response.status == 400 and "expects" in (await response.json())["error"]
