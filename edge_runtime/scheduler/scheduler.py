@@ -263,12 +263,9 @@ class ModelScheduler:
                 outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows)
             except Exception as exc:  # handed to the callers on the loop; this thread keeps serving
                 outcome = exc
-            try:
-                loop.call_soon_threadsafe(self._finish, decision, batch, rows, reading, outcome)
-            except RuntimeError:  # NOTE: the loop closed while this run was in flight; nobody waits
-                log.debug("model %s: event loop closed before a run finished; outcome dropped", self.name)
-                worker.release()
-                return
+            # NOTE: the slot is given back (or the next batch taken) before the loop hears of this run:
+            # the loop, woken by the hand-off, may hold the GIL for a switch interval (5 ms) and take
+            # new requests meanwhile, and those must not find the device still busy.
             with self._lock:
                 try:
                     following = self._next_for(worker)
@@ -277,12 +274,22 @@ class ModelScheduler:
                     following = None
                 if following is None:
                     worker.release()  # wakes the waiting schedulers on their loops
-                    if len(self._queue):
-                        loop.call_soon_threadsafe(self._pump)  # a timer to set, or another device to use
-                    return
-                decision, batch = following
-                self.last_decision = decision
-                self.in_flight += len(batch)
+                    more = len(self._queue) > 0
+                else:
+                    self.last_decision = following[0]
+                    self.in_flight += len(following[1])
+            try:
+                loop.call_soon_threadsafe(self._finish, decision, batch, rows, reading, outcome)
+                if following is None and more:
+                    loop.call_soon_threadsafe(self._pump)  # a timer to set, or another device to use
+            except RuntimeError:  # NOTE: the loop closed while this run was in flight; nobody waits
+                log.debug("model %s: event loop closed before a run finished; outcome dropped", self.name)
+                if following is not None:
+                    worker.release()
+                return
+            if following is None:
+                return
+            decision, batch = following
 
     def _next_for(self, worker: DeviceWorker) -> tuple[Decision, list[QueuedRequest]] | None:
         """Under the lock, off the loop: the next batch that is ready now for ``worker``'s device, if no
