@@ -16,8 +16,9 @@ Each figure is compared with what a user would do instead, in the same run:
   server's own part (queue + compute, from the response's parameters).
 * ``int8``: ``quantize --mode static`` on CNNs (the model zoo's MobileNet-style
   CNN at 160 px, its ResNet-style CNN of dense 3x3 convolutions at 112 px, PP-OCR's
-  direction classifier when rapidocr-onnxruntime is installed): fp32 vs int8 latency on the ``cpu`` plan (interleaved, best of
-  rounds) and top-1 agreement on the calibration set (seeded inputs).
+  direction classifier when rapidocr-onnxruntime is installed): fp32 vs int8
+  latency on the ``cpu`` plan (interleaved, best of rounds, non-spinning sessions)
+  and top-1 agreement on the calibration set (seeded inputs).
 
 Prints one JSON object and writes ``startup.json`` and ``startup.png`` under ``--out``.
 Usage: ``python tools/bench_startup.py --out bench_out/startup [--quick]``
@@ -238,13 +239,10 @@ def bench_warmup(model: Path, shape: list[int], backend: str, rounds: int, reque
             for key, value in (("first_ms", latencies[0]), ("tenth_ms", latencies[-1]),
                                ("server_first_ms", server[0]), ("server_tenth_ms", server[-1])):
                 seen[key] = min(seen[key], value)
-    rows = []
-    for enabled, seen in best.items():
-        rows.append({"backend": backend, "warmup": enabled, **{k: round(v, 2) for k, v in seen.items()},
-                     "first_over_tenth": round(seen["first_ms"] / seen["tenth_ms"], 2),
-                     "server_first_over_tenth": round(seen["server_first_ms"] / seen["server_tenth_ms"], 2),
-                     "rounds": rounds})
-    return rows
+    return [{"backend": backend, "warmup": enabled, **{k: round(v, 2) for k, v in seen.items()},
+             "first_over_tenth": round(seen["first_ms"] / seen["tenth_ms"], 2),
+             "server_first_over_tenth": round(seen["server_first_ms"] / seen["server_tenth_ms"], 2),
+             "rounds": rounds} for enabled, seen in best.items()]
 
 
 def bench_int8(models: dict[str, Path], rounds: int, samples: int) -> list[dict[str, Any]]:
