@@ -228,7 +228,11 @@ def test_this_machine_reports_pocl_as_software_cpu():
     for platform_name, device in oracle:
         mine = by_name[device.name.strip()]
         assert mine["compute_units"] == device.max_compute_units
-        assert mine["global_mem_bytes"] == device.global_mem_size
+        # PoCL sizes its global memory from the host memory it sees when the driver starts in a
+        # process, and that moves: two clinfo runs seconds apart read 4600424448 and 4701087744
+        # here, and CI saw the probe's child and this process differ by 128 MiB. Another field
+        # (max alloc, local memory) or another unit would be off by far more than 10 %.
+        assert mine["global_mem_bytes"] == pytest.approx(device.global_mem_size, rel=0.10)
         if "Portable Computing Language" in platform_name:
             assert (mine["type"], mine["software"]) == ("cpu", True)
     assert "opencl" in m.backend_order  # a software device keeps the backend for tests and --backend
