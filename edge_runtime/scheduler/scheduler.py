@@ -266,6 +266,7 @@ class ModelScheduler:
             # NOTE: the slot is given back (or the next batch taken) before the loop hears of this run:
             # the loop, woken by the hand-off, may hold the GIL for a switch interval (5 ms) and take
             # new requests meanwhile, and those must not find the device still busy.
+            more = False  # requests left queued once this worker gives its slot back
             with self._lock:
                 try:
                     following = self._next_for(worker)
