@@ -151,7 +151,7 @@ def decode_image(data: bytes, where: str, access: ImageAccess) -> Image.Image:
             raise InvalidInputError(f"{where}: expected a PNG, JPEG or WebP image, "
                                     f"got {_describe(data)}") from exc
         except (OSError, ValueError, SyntaxError) as exc:
-            raise InvalidInputError(f"{where}: expected a PNG, JPEG or WebP image, got an unreadable "
+            raise InvalidInputError(f"{where}: expected a PNG, JPEG or WebP image, got "
                                     f"{_describe(data)} ({exc})") from exc
         _check_pixels(image.size, where, access)
         try:
@@ -182,6 +182,9 @@ def _check_pixels(size: tuple[int, int], where: str, access: ImageAccess) -> Non
 
 def _describe(data: bytes) -> str:
     head = data[:16].lstrip()
+    if data.startswith(b"\x89PNG") or data.startswith(b"\xff\xd8\xff") or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
+        name = "PNG" if data[:1] == b"\x89" else "JPEG" if data[:1] == b"\xff" else "WebP"
+        return f"a truncated or corrupt {name} file ({len(data)} bytes)"
     for magic, name in _OTHER_MAGIC:
         if head.startswith(magic):
             return f"a {name} image (unsupported format)"
