@@ -302,3 +302,10 @@ def test_image_digest() -> None:
     flat = Image.frombytes("RGB", (32, 48), image.tobytes())
     assert image_digest(flat) != image_digest(image)
     assert image_digest(Image.frombytes("L", (144, 32), image.tobytes())) != image_digest(image)
+
+
+def test_access_lists_must_be_lists() -> None:
+    with pytest.raises(ConfigError, match="allowed_domains must be a list"):
+        ImageAccess(allowed_domains="example.com")  # type: ignore[arg-type]
+    access = ImageAccess(allowed_domains=["Example.COM"], allowed_local_paths=["~"])  # type: ignore[arg-type]
+    assert access.allowed_domains == ("example.com",) and access.allowed_local_paths == (Path.home().resolve(),)

@@ -316,3 +316,10 @@ def test_prepare_image(tmp_path: Path) -> None:
     assert np.array_equal(prepared.processed.feeds["pixel_values"], direct.feeds["pixel_values"])
     with pytest.raises(InvalidInputError, match=r"^messages\[0\].content\[0\]: expected a PNG"):
         prepare_image(b"nope", "messages[0].content[0]", ImageAccess(), processor)
+
+
+def test_non_rgb_image_is_converted_first(tmp_path: Path) -> None:
+    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
+    image = _image("random", 84, 56).convert("RGBA")
+    expected = Qwen2VLImageProcessor(**QWEN_PRE)(images=[image], return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(processor.process(image).feeds["pixel_values"], expected, rtol=0, atol=1e-5)

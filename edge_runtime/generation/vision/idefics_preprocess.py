@@ -27,6 +27,7 @@ from edge_runtime.generation.vision.preprocess import (
     config_int,
     normalized_chw,
     resample_filter,
+    rgb,
 )
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class IdeficsImageProcessor(ImageProcessor):
         return self.image_seq_len * (rows * cols + 1)
 
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
-        tile = self.tile
+        image, tile = rgb(image), self.tile
         first, tiled, rows, cols = self.layout(*image.size)
         if self.do_resize:
             # transformers resizes even to the same size; PIL then returns an exact copy, so skip it.
