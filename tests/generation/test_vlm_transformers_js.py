@@ -41,7 +41,7 @@ def node_greedy(folder: Path, image: Path, prompt: str, max_new: int) -> dict:
 
 # Image sizes chosen so that the processors need no resampling, except SmolVLM's global image (64 -> 32):
 # transformers.js resizes with sharp, transformers with Pillow, and their filters differ slightly.
-CASES = [(VLMSpec(family="qwen2_vl"), (84, 56)),
+CASES = [(VLMSpec(family="qwen2_vl"), (84, 56)), (VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3), (140, 112)),
          (VLMSpec(family="idefics3", seed=1, split=False, longest_edge=32), (32, 32)),
          (VLMSpec(family="smolvlm", seed=2), (64, 64))]
 DTYPES = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}
