@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlm_checkpoints import VLMSpec, checkpoint, load_model, model_inputs, sample_image, vlm_root
+from vlm_checkpoints import (QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs, onnx_greedy,
+                             sample_image, session, vision_feeds, vlm_root)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -22,7 +23,6 @@ pytest.importorskip("transformers")
 SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
          "smolvlm": VLMSpec(family="smolvlm", seed=2),
          "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3)}
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 QWEN = SPECS["qwen2_vl"]
 
 
@@ -65,21 +65,6 @@ def qwen_converted(qwen_checkpoint: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def qwen_model(qwen_checkpoint: Path):
     return load_model(qwen_checkpoint)
-
-
-def session(folder: Path, part: str):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(folder / "onnx" / f"{part}.onnx"), options, providers=["CPUExecutionProvider"])
-
-
-def empty_past(config: dict, batch: int) -> dict[str, np.ndarray]:
-    text = config.get("text_config", config)
-    head_dim = text["hidden_size"] // text["num_attention_heads"]
-    return {f"past_key_values.{n}.{kind}": np.zeros((batch, text["num_key_value_heads"], 0, head_dim), np.float32)
-            for n in range(text["num_hidden_layers"]) for kind in ("key", "value")}
 
 
 def test_converted_folder_has_the_transformers_js_layout(family: str, converted: Path) -> None:
@@ -139,13 +124,6 @@ def test_idefics_vision_features_with_padding_equal_transformers(converted: Path
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
-def vision_feeds(family: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if family in QWEN_FAMILIES:
-        grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
-        return {"pixel_values": inputs["pixel_values"], grid_name: inputs["image_grid_thw"]}
-    return {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
-
-
 def test_processed_image_features_equal_get_image_features(family: str, converted: Path, model) -> None:
     inputs = model_inputs(family, converted, sample_image(), "what is on the screen")
     ours = session(converted, "vision_encoder").run(None, vision_feeds(family, inputs))[0]
@@ -193,44 +171,6 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, conve
         np.testing.assert_allclose(outputs["logits"][1, valid], theirs[1, max(start, 2):stop], atol=1e-3, rtol=1e-3)
         past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
         start = stop
-
-
-def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray], max_new: int) -> list[int]:
-    """The host loop over our three parts: embed, encode, splice at image_token_id, prefill, decode."""
-    config = json.loads((folder / "config.json").read_text())
-    eos = set(json.loads((folder / "generation_config.json").read_text())["eos_token_id"])
-    ids = inputs["input_ids"]
-    embeds = session(folder, "embed_tokens").run(None, {"input_ids": ids})[0]
-    features = session(folder, "vision_encoder").run(None, vision_feeds(family, inputs))[0]
-    features = features.reshape(-1, features.shape[-1])
-    rows = ids[0] == config["image_token_id"]
-    assert rows.sum() == len(features)
-    embeds[0, rows] = features
-    length, delta = ids.shape[1], 0
-    if family in QWEN_FAMILIES:
-        with torch.no_grad():  # transformers' get_rope_index: the positions oracle (the engine has its own)
-            positions, deltas = model.model.get_rope_index(
-                input_ids=torch.from_numpy(ids), image_grid_thw=torch.from_numpy(inputs["image_grid_thw"]),
-                attention_mask=torch.from_numpy(inputs["attention_mask"]))
-        positions, delta = positions.numpy(), int(deltas[0, 0])
-    else:
-        positions = np.arange(length, dtype=np.int64)[None]
-    decoder, embed = session(folder, "decoder_model_merged"), session(folder, "embed_tokens")
-    names = [o.name for o in decoder.get_outputs()]
-    feeds = {"inputs_embeds": embeds, "attention_mask": np.ones_like(ids), "position_ids": positions,
-             **empty_past(config, 1)}
-    tokens: list[int] = []
-    while True:
-        outputs = dict(zip(names, decoder.run(None, feeds)))
-        token = int(np.argmax(outputs["logits"][0, -1]))
-        tokens.append(token)
-        if token in eos or len(tokens) == max_new:
-            return tokens
-        past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
-        position = np.full((3, 1, 1) if family in QWEN_FAMILIES else (1, 1), length + delta, np.int64)
-        feeds = {"inputs_embeds": embed.run(None, {"input_ids": np.array([[token]], np.int64)})[0],
-                 "attention_mask": np.ones((1, length + 1), np.int64), "position_ids": position, **past}
-        length += 1
 
 
 @pytest.mark.parametrize("size", [(84, 56), (40, 48), (140, 112)], ids=["wide", "tall", "windows"])
