@@ -124,6 +124,8 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
     except KeyError as exc:
         raise ModelLoadError(f"{hf_folder}: the checkpoint lacks weight or config field {exc} that "
                              f"model_type {family!r} needs") from None
+    except ValueError as exc:  # a config the graphs do not cover (scaled RoPE, odd head_dim, activation)
+        raise ModelLoadError(f"{hf_folder}: {exc}") from None
     out.mkdir(parents=True, exist_ok=True)
     external = save_parts(out, parts, fp16)
     for name in COPIED_FILES:

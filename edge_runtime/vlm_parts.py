@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edge_runtime.decoder_zoo import DecoderShape, build_decoder
-from edge_runtime.model_zoo import OPSET
+from edge_runtime.model_zoo import OPSET, PROTOBUF_LIMIT_BYTES, initializer_bytes
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
@@ -40,6 +40,10 @@ def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
                          kv_heads=text.get("num_key_value_heads") or heads, intermediate=text["intermediate_size"],
                          vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 2048),
                          rope_theta=float(text.get("rope_theta", 10000.0)), rms_eps=text.get("rms_norm_eps", 1e-6))
+    rope = text.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "mrope"):  # scaled RoPE (llama3, yarn, dynamic...) would be silently wrong
+        raise ValueError(f"text rope_scaling type {kind!r} is not supported: expected default or mrope")
     if text.get("head_dim") not in (None, shape.head_dim):
         raise ValueError(f"text head_dim {text['head_dim']} != hidden_size / num_attention_heads = {shape.head_dim}: "
                          "not supported")
@@ -147,11 +151,14 @@ def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto], fp16: bool = 
             path = onnx_dir / f"{stem}.onnx"
             for stale in (path, onnx_dir / f"{stem}.onnx_data"):
                 stale.unlink(missing_ok=True)
-            if name == "decoder_model_merged" or proto.ByteSize() > EXTERNAL_DATA_BYTES:
+            weight_bytes = initializer_bytes(proto)
+            if name == "decoder_model_merged" or weight_bytes > EXTERNAL_DATA_BYTES:
                 onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                           location=f"{stem}.onnx_data", size_threshold=1024)
                 (onnx_dir / f"{stem}.onnx_data").chmod(0o644)
                 external[path.name] = 1
+                if weight_bytes >= PROTOBUF_LIMIT_BYTES:  # too big to check in memory (model_zoo): check the file
+                    onnx.checker.check_model(str(path))
             else:
                 onnx.save(proto, str(path))
     return external

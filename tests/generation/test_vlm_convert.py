@@ -208,3 +208,44 @@ def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
     assert "'llava'" in err and "qwen2_vl, qwen2_5_vl, idefics3, smolvlm" in err
     assert main(["convert", str(tmp_path / "ckpt"), "--to", "onnx"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_large_model_path_external_data_for_every_part(qwen_checkpoint: Path, qwen_model, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    """Parts over the protobuf limit are checked from their saved file and keep weights in ``<file>_data``
+    (limits lowered here so a tiny model takes the path a 2B checkpoint takes)."""
+    from edge_runtime import model_zoo, vlm_parts
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    for module in (model_zoo, vlm_parts):
+        monkeypatch.setattr(module, "PROTOBUF_LIMIT_BYTES", 4096)
+    monkeypatch.setattr(vlm_parts, "EXTERNAL_DATA_BYTES", 4096)
+    folder = convert_vlm_folder(qwen_checkpoint, tmp_path / "large")
+    parts = ("vision_encoder", "embed_tokens", "decoder_model_merged")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["use_external_data_format"] == {f"{p}.onnx": 1 for p in parts}
+    assert all((folder / "onnx" / f"{p}.onnx_data").is_file() for p in parts)
+    inputs = model_inputs("qwen2_vl", folder, sample_image(seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = qwen_model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=8,
+                                        do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("qwen2_vl", folder, qwen_model, inputs, 8) == expected
+
+
+def test_convert_refuses_scaled_rope_and_missing_weights(qwen_checkpoint: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from edge_runtime.errors import ModelLoadError
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    broken = tmp_path / "ckpt"
+    shutil.copytree(qwen_checkpoint, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["text_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "mrope_section": [2, 3, 3]}
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'yarn' is not supported"):
+        convert_vlm_folder(broken, tmp_path / "out")
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no model.safetensors"):
+        convert_vlm_folder(broken, tmp_path / "out")
