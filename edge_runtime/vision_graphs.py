@@ -152,7 +152,14 @@ class _QwenVision(VisionGraph):
         after = g.op("GreaterOrEqual", [g.op("Unsqueeze", [index, self.ints(1)]),
                                         g.op("Unsqueeze", [ends, self.ints(0)])])
         image = g.op("ReduceSum", [g.op("Cast", [after], to=TensorProto.INT64), self.ints(1)], keepdims=0)
-        hh, ww = g.op("Gather", [h, image]), g.op("Gather", [w, image])
+        # Total on any input (the planner probes with synthetic grids): a grid that does not match the
+        # patch count gives garbage rather than an out-of-range Gather, and no integer division by zero
+        # (which would kill the process). The host checks rows == sum(t*h*w) before it encodes.
+        last = g.op("Sub", [g.op("Gather", [g.op("Shape", [self.grid]), self.const("zero", np.int64(0))]),
+                            self.const("one", np.int64(1))])
+        image = g.op("Min", [image, last])
+        at_least_one = self.const("one", np.int64(1))
+        hh, ww = (g.op("Max", [g.op("Gather", [side_len, image]), at_least_one]) for side_len in (h, w))
         local = g.op("Sub", [index, g.op("Gather", [starts, image])])
         area = g.op("Mul", [hh, ww])
         within = g.op("Mod", [local, area])
@@ -160,7 +167,7 @@ class _QwenVision(VisionGraph):
         # patch order inside a frame: (block row, block column, row in block, column in block)
         in_col = g.op("Mod", [within, side])
         in_row = g.op("Mod", [g.op("Div", [within, side]), side])
-        blocks_w = g.op("Div", [ww, side])
+        blocks_w = g.op("Max", [g.op("Div", [ww, side]), at_least_one])
         block = g.op("Div", [within, square])
         block_col, block_row = g.op("Mod", [block, blocks_w]), g.op("Div", [block, blocks_w])
         row = g.op("Add", [g.op("Mul", [block_row, side]), in_row])

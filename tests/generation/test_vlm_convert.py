@@ -249,3 +249,13 @@ def test_convert_refuses_scaled_rope_and_missing_weights(qwen_checkpoint: Path, 
     (broken / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="no model.safetensors"):
         convert_vlm_folder(broken, tmp_path / "out")
+
+
+@pytest.mark.parametrize("grid", [[[1, 1, 1]], [[0, 0, 0]], [[5, 7, 3]], [[1, 4, 6], [1, 1, 1]]])
+def test_qwen_vision_encoder_is_total_on_grids_that_do_not_match(qwen_converted: Path, grid: list) -> None:
+    """The planner probes graphs with synthetic inputs: a grid that disagrees with the 24 patch rows must not
+    fail a Gather or divide by zero (which would kill the process); the host validates real inputs."""
+    pixels = np.random.default_rng(0).standard_normal((24, 1176)).astype(np.float32)
+    out = session(qwen_converted, "vision_encoder").run(None, {"pixel_values": pixels,
+                                                              "grid_thw": np.array(grid, np.int64)})[0]
+    assert out.shape == (6, QWEN.hidden)
