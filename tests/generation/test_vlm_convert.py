@@ -259,3 +259,42 @@ def test_qwen_vision_encoder_is_total_on_grids_that_do_not_match(qwen_converted:
     out = session(qwen_converted, "vision_encoder").run(None, {"pixel_values": pixels,
                                                               "grid_thw": np.array(grid, np.int64)})[0]
     assert out.shape == (6, QWEN.hidden)
+
+
+def test_legacy_flat_config_bf16_shards_convert(qwen_checkpoint: Path, tmp_path: Path) -> None:
+    """The shape of released Qwen2-VL checkpoints: text fields flat at the top level (no text_config),
+    ``rope_scaling.type == "mrope"``, bfloat16 weights in two shards with an index; the oracle is
+    transformers loading that same folder in float32."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(qwen_checkpoint, legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    text = config.pop("text_config")
+    text.pop("model_type")
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": text["rope_scaling"]["mrope_section"]}
+    config.update(text, architectures=["Qwen2VLForConditionalGeneration"], torch_dtype="bfloat16")
+    config.pop("dtype", None)
+    (legacy / "config.json").write_text(json.dumps(config))
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(legacy / "model.safetensors")).items()}
+    (legacy / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k].contiguous() for k in keys}, str(legacy / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (legacy / "model.safetensors.index.json").write_text(json.dumps(index))
+    folder = convert_vlm_folder(legacy, tmp_path / "out")
+    model = load_model(legacy)
+    assert next(model.parameters()).dtype == torch.float32
+    inputs = model_inputs("qwen2_vl", folder, sample_image(seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=12,
+                                   do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("qwen2_vl", folder, model, inputs, 12) == expected
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == QWEN.layers
