@@ -122,6 +122,18 @@ class VisionGraph:
         rotated = g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
         return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
 
+    def same(self, key: str) -> str:
+        """[patches, patches] bool: patch i and patch j have equal ``key``."""
+        g = self.g
+        return g.op("Equal", [g.op("Unsqueeze", [key, self.ints(1)]), g.op("Unsqueeze", [key, self.ints(0)])])
+
+    def bias(self, allowed: str) -> str:
+        """0 where attention is allowed, else -30000: its exp() is 0 in float32 as that of transformers'
+        finfo.min is, and an fp16 variant keeps headroom (fp16 conversion clamps -1e9 to -65504, where
+        adding a negative score already overflows to -inf)."""
+        open_, closed = self.const("open", np.float32(0.0)), self.const("closed", np.float32(-30000.0))
+        return self.g.op("Where", [allowed, open_, closed])
+
     def attention(self, q: str, k: str, v: str, bias: str | None, head_dim: int) -> str:
         """Softmax attention over [..., heads, seq, dim] tensors; ``bias`` is added to the scores."""
         g = self.g
@@ -189,15 +201,6 @@ class _QwenVision(VisionGraph):
         frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
         self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for windowed attention
         return g.op("Cos", [angles]), g.op("Sin", [angles]), self.bias(self.same(frame))
-
-    def same(self, key: str) -> str:
-        """[patches, patches] bool: patch i and patch j have equal ``key``."""
-        g = self.g
-        return g.op("Equal", [g.op("Unsqueeze", [key, self.ints(1)]), g.op("Unsqueeze", [key, self.ints(0)])])
-
-    def bias(self, allowed: str) -> str:
-        open_, closed = self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))
-        return self.g.op("Where", [allowed, open_, closed])
 
     def norm(self, x: str, name: str) -> str:
         return self.layer_norm(x, name, 1e-6)
