@@ -4,7 +4,7 @@ Reads ``config.json`` and the safetensors weights (one file or an index of shard
 float32, float16 or bfloat16), builds the three graphs with ``onnx.helper``
 (``edge_runtime.vlm_parts``: no torch, no transformers) and writes
 ``DIR/onnx/{vision_encoder,embed_tokens,decoder_model_merged}.onnx`` (``_fp16``
-variants with ``--fp16``), ``config.json`` (the checkpoint's, plus the fields
+variants with ``--precision fp16``), ``config.json`` (the checkpoint's, plus the fields
 transformers.js reads: flat text sizes for Qwen2-VL, ``transformers.js_config``),
 and copies the tokenizer, processor and chat-template files. A ``chat_template.jinja``
 is also folded into ``tokenizer_config.json``, where transformers.js's tokenizer looks.

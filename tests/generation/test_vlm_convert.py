@@ -204,9 +204,10 @@ def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path,
     """``--fp16``: every part also as ``_fp16`` (float32 I/O); vision features within 1 % of fp32 (with a
     padded tile for Idefics3/SmolVLM), and decoder outputs finite for a left-padded batch, last logits
     within 2 % of fp32."""
-    from edge_runtime.vision_convert import convert_vlm_folder
+    from edge_runtime.cli import main
 
-    folder = convert_vlm_folder(hf, tmp_path / "fp16", fp16=True)
+    folder = tmp_path / "fp16"
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(folder), "--precision", "fp16", "--json"]) == 0
     rng = np.random.default_rng(4)
     if family in QWEN_FAMILIES:
         inputs = {"pixel_values": rng.standard_normal((24, 1176)).astype(np.float32),
