@@ -11,7 +11,7 @@ and by the converter (a checkpoint's weights), so both write the same graphs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,27 +57,46 @@ def mrope_section(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(int(n) for n in rope["mrope_section"])
 
 
-def text_weights(family: str, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The decoder's weights under Qwen2's names (``model.layers.N...``, ``model.norm``, ``lm_head``)."""
-    prefixes = (("model.language_model.", "model."),) if family in QWEN_FAMILIES else (("model.text_model.", "model."),)
-    out = {}
-    for name, value in weights.items():
-        for old, new in prefixes:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        if name.startswith("model.") and not name.startswith(("model.visual.", "model.vision_model.",
-                                                             "model.connector.")) or name == "lm_head.weight":
-            out[name] = value
-    return out
+class RenamedWeights(Mapping[str, np.ndarray]):
+    """A read-only view of ``source`` under other names (``names``: new -> old). Nothing is copied:
+    a lazily decoded checkpoint (``vision_convert``) converts each tensor only when a builder reads
+    it, so a part's weights need not all be resident at once."""
+
+    def __init__(self, source: Mapping[str, np.ndarray], names: dict[str, str]) -> None:
+        self.source, self.names = source, names
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.source[self.names[name]]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
-def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def text_weights(family: str, weights: Mapping[str, np.ndarray], tied: bool = False) -> RenamedWeights:
+    """The decoder's weights under Qwen2's names (``model.layers.N...``, ``model.norm``, ``lm_head``);
+    ``tied``: without ``lm_head`` (the decoder then ties the head to the embedding table)."""
+    prefix = "model.language_model." if family in QWEN_FAMILIES else "model.text_model."
+    names = {}
+    for name in weights:
+        new = "model." + name[len(prefix):] if name.startswith(prefix) else name
+        if new.startswith("model.") and not new.startswith(("model.visual.", "model.vision_model.",
+                                                           "model.connector.")) or (new == "lm_head.weight"
+                                                                                    and not tied):
+            names[new] = name
+    return RenamedWeights(weights, names)
+
+
+def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> RenamedWeights:
     """The vision tower's weights: ``visual.*`` (Qwen) or ``model.vision_model.*`` + ``model.connector.*``."""
     if family in QWEN_FAMILIES:
-        return {("visual." + k[len("model.visual."):] if k.startswith("model.visual.") else k): v
-                for k, v in weights.items() if k.startswith(("visual.", "model.visual."))}
-    return {k: v for k, v in weights.items() if k.startswith(("model.vision_model.", "model.connector."))}
+        names = {("visual." + k[len("model.visual."):] if k.startswith("model.visual.") else k): k
+                 for k in weights if k.startswith(("visual.", "model.visual."))}
+    else:
+        names = {k: k for k in weights if k.startswith(("model.vision_model.", "model.connector."))}
+    return RenamedWeights(weights, names)
 
 
 def build_embed_tokens(table: np.ndarray) -> onnx.ModelProto:
@@ -95,35 +114,49 @@ def build_embed_tokens(table: np.ndarray) -> onnx.ModelProto:
     return model
 
 
-def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict[str, onnx.ModelProto]:
-    """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``)."""
+def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tuple[int, ...] | None, Any]:
+    """(family, decoder shape, M-RoPE sections or None, vision spec): ValueError or KeyError for a config
+    the graphs do not cover, before anything is built."""
     family = config.get("model_type")
     if family not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {family!r} is not supported: expected one of {list(SUPPORTED_MODEL_TYPES)}")
-    weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
-    text = text_weights(family, weights)
-    if text_config(config).get("tie_word_embeddings") and "lm_head.weight" in text:
-        del text["lm_head.weight"]  # the decoder ties to the embedding table when no head is given
-    shape = decoder_shape(config)
-    if family in QWEN_FAMILIES:
-        decoder = build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope_section(config))
+    if family == "qwen2_vl":
+        from edge_runtime.vision_graphs import qwen_vision_spec as vision_spec
+    elif family == "qwen2_5_vl":
+        from edge_runtime.vision_graphs_qwen25 import qwen25_vision_spec as vision_spec
     else:
-        decoder = build_decoder(shape, text, inputs_embeds=True)
+        from edge_runtime.vision_graphs_idefics import idefics_vision_spec as vision_spec
+    mrope = mrope_section(config) if family in QWEN_FAMILIES else None
+    return family, decoder_shape(config), mrope, vision_spec(config)
+
+
+def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
+                   ) -> Iterator[tuple[str, onnx.ModelProto]]:
+    """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``), built one at a
+    time (a consumer that saves each before the next holds one part in memory: a 2B checkpoint is
+    several GB per part). ``weights`` may be any mapping, float32 arrays on access."""
+    family, shape, mrope, spec = check_vlm_config(config)
+    text = text_weights(family, weights, tied=bool(text_config(config).get("tie_word_embeddings")))
     vision = vision_weights(family, weights)
     if family == "qwen2_vl":
-        from edge_runtime.vision_graphs import build_qwen2_vl_vision, qwen_vision_spec
+        from edge_runtime.vision_graphs import build_qwen2_vl_vision
 
-        encoder = build_qwen2_vl_vision(qwen_vision_spec(config), vision)
+        yield "vision_encoder", build_qwen2_vl_vision(spec, vision)
     elif family == "qwen2_5_vl":
-        from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision, qwen25_vision_spec
+        from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision
 
-        encoder = build_qwen2_5_vl_vision(qwen25_vision_spec(config), vision)
+        yield "vision_encoder", build_qwen2_5_vl_vision(spec, vision)
     else:
-        from edge_runtime.vision_graphs_idefics import build_idefics3_vision, idefics_vision_spec
+        from edge_runtime.vision_graphs_idefics import build_idefics3_vision
 
-        encoder = build_idefics3_vision(idefics_vision_spec(config), vision)
-    return {"vision_encoder": encoder, "embed_tokens": build_embed_tokens(text["model.embed_tokens.weight"]),
-            "decoder_model_merged": decoder}
+        yield "vision_encoder", build_idefics3_vision(spec, vision)
+    yield "embed_tokens", build_embed_tokens(text["model.embed_tokens.weight"])
+    yield "decoder_model_merged", build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope)
+
+
+def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict[str, onnx.ModelProto]:
+    """``iter_vlm_parts`` as a dict."""
+    return dict(iter_vlm_parts(config, weights))
 
 
 # decoder_model_merged always keeps its weights in "<file>_data" (as the onnx-community folders do, and so
@@ -131,34 +164,40 @@ def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
 EXTERNAL_DATA_BYTES = 512 * 2**20
 
 
-def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto], fp16: bool = False) -> dict[str, int]:
-    """Write ``folder/onnx/<part>.onnx`` (and ``<part>_fp16.onnx`` when ``fp16``); returns the
-    ``transformers.js_config.use_external_data_format`` map (file name -> number of data chunks)."""
+def _save(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bool, external: dict[str, int]) -> None:
+    path = onnx_dir / f"{stem}.onnx"
+    for stale in (path, onnx_dir / f"{stem}.onnx_data"):
+        stale.unlink(missing_ok=True)
+    weight_bytes = initializer_bytes(proto)
+    if always_external or weight_bytes > EXTERNAL_DATA_BYTES:
+        onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=f"{stem}.onnx_data", size_threshold=1024)
+        (onnx_dir / f"{stem}.onnx_data").chmod(0o644)
+        external[path.name] = 1
+        if weight_bytes >= PROTOBUF_LIMIT_BYTES:  # too big to check in memory (model_zoo): check the file
+            onnx.checker.check_model(str(path))
+    else:
+        onnx.save(proto, str(path))
+
+
+def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto] | Iterable[tuple[str, onnx.ModelProto]],
+               fp16: bool = False) -> dict[str, int]:
+    """Write ``folder/onnx/<part>.onnx`` (and ``<part>_fp16.onnx`` when ``fp16``) for each (name, graph),
+    dropping each graph once written; returns the ``transformers.js_config.use_external_data_format``
+    map (file name -> number of data chunks)."""
     onnx_dir = Path(folder) / "onnx"
     onnx_dir.mkdir(parents=True, exist_ok=True)
     external = {}
-    for name, model in parts.items():
-        variants = [(name, model)]
+    for name, model in (parts.items() if isinstance(parts, Mapping) else parts):
+        _save(model, onnx_dir, name, name == "decoder_model_merged", external)
         if fp16:
             from onnxruntime.transformers.float16 import convert_float_to_float16
 
-            # keep_io_types: the host feeds float32 either way; weights and arithmetic are fp16 inside
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)
-            variants.append((name + "_fp16", convert_float_to_float16(copy, keep_io_types=True,
-                                                                      disable_shape_infer=True)))
-        for stem, proto in variants:
-            path = onnx_dir / f"{stem}.onnx"
-            for stale in (path, onnx_dir / f"{stem}.onnx_data"):
-                stale.unlink(missing_ok=True)
-            weight_bytes = initializer_bytes(proto)
-            if name == "decoder_model_merged" or weight_bytes > EXTERNAL_DATA_BYTES:
-                onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                          location=f"{stem}.onnx_data", size_threshold=1024)
-                (onnx_dir / f"{stem}.onnx_data").chmod(0o644)
-                external[path.name] = 1
-                if weight_bytes >= PROTOBUF_LIMIT_BYTES:  # too big to check in memory (model_zoo): check the file
-                    onnx.checker.check_model(str(path))
-            else:
-                onnx.save(proto, str(path))
+            # from the saved file (saving moved the weights out of ``model``); keep_io_types: the host
+            # feeds float32 either way, weights and arithmetic are fp16 inside
+            half = convert_float_to_float16(onnx.load(str(onnx_dir / f"{name}.onnx")), keep_io_types=True,
+                                            disable_shape_infer=True)
+            _save(half, onnx_dir, name + "_fp16", name == "decoder_model_merged", external)
+            del half
+        del model  # before the generator builds the next part
     return external

@@ -285,6 +285,7 @@ def test_convert_refuses_scaled_rope_and_missing_weights(qwen_checkpoint: Path, 
     (broken / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="rope_scaling type 'yarn' is not supported"):
         convert_vlm_folder(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before writing anything
     (broken / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="no model.safetensors"):
         convert_vlm_folder(broken, tmp_path / "out")
