@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edge_runtime.decoder_zoo import DecoderShape, build_decoder
-from edge_runtime.model_zoo import OPSET, PROTOBUF_LIMIT_BYTES, initializer_bytes
+from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, OPSET, initializer_bytes
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
@@ -126,8 +126,10 @@ def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tupl
         from edge_runtime.vision_graphs_qwen25 import qwen25_vision_spec as vision_spec
     else:
         from edge_runtime.vision_graphs_idefics import idefics_vision_spec as vision_spec
-    mrope = mrope_section(config) if family in QWEN_FAMILIES else None
-    return family, decoder_shape(config), mrope, vision_spec(config)
+    mrope, shape = mrope_section(config) if family in QWEN_FAMILIES else None, decoder_shape(config)
+    if mrope and 2 * sum(mrope) != shape.head_dim:
+        raise ValueError(f"mrope_section {list(mrope)} sums to {sum(mrope)}; expected head_dim/2 = {shape.head_dim // 2}")
+    return family, shape, mrope, vision_spec(config)
 
 
 def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
@@ -174,10 +176,10 @@ def _save(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bo
                   location=f"{stem}.onnx_data", size_threshold=1024)
         (onnx_dir / f"{stem}.onnx_data").chmod(0o644)
         external[path.name] = 1
-        if weight_bytes >= PROTOBUF_LIMIT_BYTES:  # too big to check in memory (model_zoo): check the file
-            onnx.checker.check_model(str(path))
     else:
         onnx.save(proto, str(path))
+    if weight_bytes >= IN_MEMORY_CHECK_BYTES:  # not checked when built (model_zoo): check the file
+        onnx.checker.check_model(str(path))
 
 
 def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto] | Iterable[tuple[str, onnx.ModelProto]],

@@ -251,13 +251,13 @@ def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
 
 def test_large_model_path_external_data_for_every_part(qwen_checkpoint: Path, qwen_model, tmp_path: Path,
                                                        monkeypatch) -> None:
-    """Parts over the protobuf limit are checked from their saved file and keep weights in ``<file>_data``
-    (limits lowered here so a tiny model takes the path a 2B checkpoint takes)."""
+    """Large parts are checked from their saved file, not in memory, and keep weights in ``<file>_data``
+    (limits lowered here so a tiny model takes the path a real checkpoint takes)."""
     from edge_runtime import model_zoo, vlm_parts
     from edge_runtime.vision_convert import convert_vlm_folder
 
     for module in (model_zoo, vlm_parts):
-        monkeypatch.setattr(module, "PROTOBUF_LIMIT_BYTES", 4096)
+        monkeypatch.setattr(module, "IN_MEMORY_CHECK_BYTES", 4096)
     monkeypatch.setattr(vlm_parts, "EXTERNAL_DATA_BYTES", 4096)
     folder = convert_vlm_folder(qwen_checkpoint, tmp_path / "large")
     parts = ("vision_encoder", "embed_tokens", "decoder_model_merged")
