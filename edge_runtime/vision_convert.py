@@ -133,7 +133,8 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
     try:
         check_vlm_config(config)  # refuse before writing anything
         out.mkdir(parents=True, exist_ok=True)
-        external = save_parts(out, iter_vlm_parts(config, weights), fp16)
+        (out / "onnx").mkdir(exist_ok=True)
+        external = save_parts(out, iter_vlm_parts(config, weights, data_dir=out / "onnx"), fp16)
     except KeyError as exc:
         raise ModelLoadError(f"{hf_folder}: the checkpoint lacks weight or config field {exc} that "
                              f"model_type {family!r} needs") from None

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from onnx.external_data_helper import load_external_data_for_model
 
 from edge_runtime.decoder_zoo import DecoderShape, build_decoder
-from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, OPSET, initializer_bytes
+from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, _GraphBuilder, external_weights, initializer_bytes
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
@@ -102,16 +103,13 @@ def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> RenamedWei
 def build_embed_tokens(table: np.ndarray) -> onnx.ModelProto:
     """``input_ids`` [batch, seq] -> ``inputs_embeds`` [batch, seq, hidden]: one Gather."""
     table = np.asarray(table, np.float32)
-    node = helper.make_node("Gather", ["embed_tokens.weight", "input_ids"], ["inputs_embeds"], name="embed")
-    graph = helper.make_graph(
-        [node], "embed_tokens",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
-        [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
-                                       ["batch_size", "sequence_length", table.shape[1]])],
-        [onnx.numpy_helper.from_array(table, "embed_tokens.weight")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edge-runtime")
-    model.ir_version = 8
-    return model
+    g = _GraphBuilder(0)
+    g.op("Gather", [g.const("embed_tokens.weight", table), "input_ids"])
+    g.nodes[-1].output[0] = "inputs_embeds"
+    return g.model("embed_tokens",
+                   [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
+                   [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
+                                                  ["batch_size", "sequence_length", table.shape[1]])])
 
 
 def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tuple[int, ...] | None, Any]:
@@ -132,28 +130,31 @@ def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tupl
     return family, shape, mrope, vision_spec(config)
 
 
-def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
+def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], data_dir: Path | None = None
                    ) -> Iterator[tuple[str, onnx.ModelProto]]:
     """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``), built one at a
-    time (a consumer that saves each before the next holds one part in memory: a 2B checkpoint is
-    several GB per part). ``weights`` may be any mapping, float32 arrays on access."""
+    time. ``weights`` may be any mapping giving float32 arrays on access. With ``data_dir`` each part's
+    weights go straight to ``data_dir/<part>.onnx_data`` as it is built (``model_zoo.external_weights``):
+    a converter then holds about one tensor in memory, not a part of several GB."""
     family, shape, mrope, spec = check_vlm_config(config)
     text = text_weights(family, weights, tied=bool(text_config(config).get("tie_word_embeddings")))
     vision = vision_weights(family, weights)
     if family == "qwen2_vl":
-        from edge_runtime.vision_graphs import build_qwen2_vl_vision
-
-        yield "vision_encoder", build_qwen2_vl_vision(spec, vision)
+        from edge_runtime.vision_graphs import build_qwen2_vl_vision as build_vision
     elif family == "qwen2_5_vl":
-        from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision
-
-        yield "vision_encoder", build_qwen2_5_vl_vision(spec, vision)
+        from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision as build_vision
     else:
-        from edge_runtime.vision_graphs_idefics import build_idefics3_vision
-
-        yield "vision_encoder", build_idefics3_vision(spec, vision)
-    yield "embed_tokens", build_embed_tokens(text["model.embed_tokens.weight"])
-    yield "decoder_model_merged", build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope)
+        from edge_runtime.vision_graphs_idefics import build_idefics3_vision as build_vision
+    builders = {"vision_encoder": lambda: build_vision(spec, vision),
+                "embed_tokens": lambda: build_embed_tokens(text["model.embed_tokens.weight"]),
+                "decoder_model_merged": lambda: build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope)}
+    for name, build in builders.items():
+        if data_dir is None:
+            yield name, build()
+        else:
+            with external_weights(Path(data_dir) / f"{name}.onnx_data"):
+                part = build()
+            yield name, part
 
 
 def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict[str, onnx.ModelProto]:
@@ -166,19 +167,29 @@ def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
 EXTERNAL_DATA_BYTES = 512 * 2**20
 
 
-def _save(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bool, external: dict[str, int]) -> None:
-    path = onnx_dir / f"{stem}.onnx"
-    for stale in (path, onnx_dir / f"{stem}.onnx_data"):
-        stale.unlink(missing_ok=True)
+def _save(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bool,
+          external: dict[str, int]) -> None:
+    path, data = onnx_dir / f"{stem}.onnx", onnx_dir / f"{stem}.onnx_data"
+    path.unlink(missing_ok=True)
+    streamed = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
+    if streamed and not always_external and data.stat().st_size <= EXTERNAL_DATA_BYTES:
+        load_external_data_for_model(proto, str(onnx_dir))  # small: inline after all
+        data.unlink()
+        streamed = False
+    if not streamed:
+        data.unlink(missing_ok=True)
     weight_bytes = initializer_bytes(proto)
-    if always_external or weight_bytes > EXTERNAL_DATA_BYTES:
+    if streamed:
+        onnx.save(proto, str(path))
+    elif always_external or weight_bytes > EXTERNAL_DATA_BYTES:
         onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=f"{stem}.onnx_data", size_threshold=1024)
-        (onnx_dir / f"{stem}.onnx_data").chmod(0o644)
-        external[path.name] = 1
+                  location=data.name, size_threshold=1024)
     else:
         onnx.save(proto, str(path))
-    if weight_bytes >= IN_MEMORY_CHECK_BYTES:  # not checked when built (model_zoo): check the file
+    if data.is_file():
+        data.chmod(0o644)
+        external[path.name] = 1
+    if streamed or weight_bytes >= IN_MEMORY_CHECK_BYTES:  # not checked when built (model_zoo): check the file
         onnx.checker.check_model(str(path))
 
 
