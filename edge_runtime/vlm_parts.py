@@ -1,12 +1,13 @@
 """The three ONNX parts of a VLM (transformers.js layout) from a transformers config and its weights.
 
-``build_vlm_parts(config, weights)`` returns ``{"vision_encoder", "embed_tokens",
-"decoder_model_merged"}`` graphs, built with ``onnx.helper`` (no torch): the config
-is the ``config.json`` of the ``*ForConditionalGeneration`` model, the weights are
-named as its ``model.safetensors`` names them (the legacy ``visual.*`` / ``model.*``
-names transformers saves for Qwen2-VL, or the newer ``model.visual.*`` /
-``model.language_model.*``; both are accepted). Used by ``vlm_zoo`` (random weights)
-and by the converter (a checkpoint's weights), so both write the same graphs.
+``iter_vlm_parts(config, weights)`` yields the ``vision_encoder``, ``embed_tokens`` and
+``decoder_model_merged`` graphs one at a time (``build_vlm_parts``: as a dict), built with
+``onnx.helper`` (no torch): the config is the ``config.json`` of the
+``*ForConditionalGeneration`` model, the weights are named as its ``model.safetensors``
+names them (the legacy ``visual.*`` / ``model.*`` names transformers saves for Qwen2-VL,
+or the newer ``model.visual.*`` / ``model.language_model.*``; both are accepted).
+``save_parts`` writes them as ``onnx/<part>.onnx`` (+ ``_fp16``). Used by ``vlm_zoo``
+(random weights) and by the converter (a checkpoint's weights): both write the same graphs.
 """
 
 from __future__ import annotations
