@@ -1,0 +1,340 @@
+"""The converter (``edge-runtime convert HF --to onnx``) and the torch-free VLM graphs against transformers.
+
+Tiny random-weight checkpoints built with torch (``vlm_checkpoints``) are converted;
+each part is compared with the same weights in transformers (vision features, embeddings,
+decoder logits with M-RoPE positions, prefill then decode with past), and greedy tokens
+from a small onnxruntime loop over the three parts equal ``generate(do_sample=False)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlm_checkpoints import (QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs, onnx_greedy,
+                             sample_image, session, vision_feeds, vlm_root)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
+         "smolvlm": VLMSpec(family="smolvlm", seed=2),
+         "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3)}
+QWEN = SPECS["qwen2_vl"]
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def hf(family: str, tmp_path_factory) -> Path:
+    return checkpoint(SPECS[family], vlm_root(tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def converted(family: str, hf: Path, tmp_path_factory) -> Path:
+    from edge_runtime.cli import main
+
+    out = tmp_path_factory.mktemp("converted") / family
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(hf: Path):
+    return load_model(hf)
+
+
+@pytest.fixture(scope="module")
+def qwen_checkpoint(tmp_path_factory) -> Path:
+    return checkpoint(QWEN, vlm_root(tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def qwen_converted(qwen_checkpoint: Path, tmp_path_factory) -> Path:
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    return convert_vlm_folder(qwen_checkpoint, tmp_path_factory.mktemp("converted") / "qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def qwen_model(qwen_checkpoint: Path):
+    return load_model(qwen_checkpoint)
+
+
+def test_converted_folder_has_the_transformers_js_layout(family: str, converted: Path) -> None:
+    config = json.loads((converted / "config.json").read_text())
+    spec = SPECS[family]
+    assert config["model_type"] == family
+    if family in QWEN_FAMILIES:  # transformers.js reads Qwen2-VL's text sizes at the top level
+        assert config["num_key_value_heads"] == config["text_config"]["num_key_value_heads"]
+    assert config["transformers.js_config"]["use_external_data_format"] == {"decoder_model_merged.onnx": 1}
+    files = ["tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json",
+             "onnx/decoder_model_merged.onnx_data"] + ([] if family in QWEN_FAMILIES else ["processor_config.json"])
+    for name in files:
+        assert (converted / name).is_file(), name
+    placeholder = "<|image_pad|>" if family in QWEN_FAMILIES else "<image>"
+    assert placeholder in json.loads((converted / "tokenizer_config.json").read_text())["chat_template"]
+    names = {part: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
+             for part in ("vision_encoder", "embed_tokens", "decoder_model_merged")
+             for s in [session(converted, part)]}
+    second = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw"}.get(family, "pixel_attention_mask")
+    assert names["vision_encoder"] == (["pixel_values", second], ["image_features"])
+    assert names["embed_tokens"] == (["input_ids"], ["inputs_embeds"])
+    inputs, outputs = names["decoder_model_merged"]
+    assert inputs[:3] == ["inputs_embeds", "attention_mask", "position_ids"]
+    assert inputs[3:] == [f"past_key_values.{n}.{k}" for n in range(spec.layers) for k in ("key", "value")]
+    assert outputs == ["logits"] + [f"present.{n}.{k}" for n in range(spec.layers) for k in ("key", "value")]
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES, indirect=True)
+@pytest.mark.parametrize("grid", [[[1, 4, 6]], [[2, 8, 6]], [[1, 10, 6], [1, 4, 4]]], ids=["image", "t2", "two"])
+def test_qwen_vision_features_equal_transformers(family: str, converted: Path, model, grid: list) -> None:
+    """Grids of an image, a 2-frame clip (attention per frame) and two images in one call; Qwen2.5-VL's
+    windows (2x2 merge blocks here) cut these grids into full and partial windows."""
+    grid = np.array(grid, np.int64)
+    pixels = np.random.default_rng(1).standard_normal((int(np.prod(grid, axis=1).sum()), 1176)).astype(np.float32)
+    feeds = vision_feeds(family, {"pixel_values": pixels, "image_grid_thw": grid})
+    ours = session(converted, "vision_encoder").run(None, feeds)[0]
+    with torch.no_grad():
+        theirs = model.model.visual(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid)).numpy()
+    assert ours.shape == theirs.shape == (pixels.shape[0] // 4, SPECS[family].hidden)
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["idefics3"], indirect=True)
+def test_idefics_position_buckets_for_every_valid_area(converted: Path, model) -> None:
+    """Tiles whose valid areas are 1..8 patches a side (the graph buckets in integers, transformers in
+    float32 with a 1 - 1e-6 shrink): features equal for each."""
+    size = SPECS["idefics3"].image_size
+    areas = [(8, 8), (1, 1), (3, 7), (5, 2), (7, 8), (8, 3), (2, 5), (6, 6), (4, 1)]
+    pixels = np.random.default_rng(7).standard_normal((1, len(areas), 3, size, size)).astype(np.float32)
+    mask = np.zeros((1, len(areas), size, size), bool)
+    for tile, (rows, cols) in enumerate(areas):
+        mask[0, tile, :rows * 4 - 1, :cols * 4 - 2] = True  # partial last patches still count
+    ours = session(converted, "vision_encoder").run(None, {"pixel_values": pixels, "pixel_attention_mask": mask})[0]
+    with torch.no_grad():
+        theirs = model.model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"], indirect=True)
+def test_idefics_vision_features_with_padding_equal_transformers(converted: Path, model) -> None:
+    """Three tiles: one whole, one padded at the bottom right (partial patches), one all-zero padding tile."""
+    size = SPECS["idefics3"].image_size
+    pixels = np.random.default_rng(1).standard_normal((1, 3, 3, size, size)).astype(np.float32)
+    pixels[0, 2] = 0
+    mask = np.ones((1, 3, size, size), bool)
+    mask[0, 1, 21:] = False
+    mask[0, 1, :, 10:] = False
+    mask[0, 2] = False
+    ours = session(converted, "vision_encoder").run(None, {"pixel_values": pixels, "pixel_attention_mask": mask})[0]
+    with torch.no_grad():
+        theirs = model.model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(mask)).numpy()
+    assert ours.shape == theirs.shape == (2, (size // 4) ** 2 // 4, SPECS["idefics3"].hidden)
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_processed_image_features_equal_get_image_features(family: str, converted: Path, model) -> None:
+    inputs = model_inputs(family, converted, sample_image(), "what is on the screen")
+    ours = session(converted, "vision_encoder").run(None, vision_feeds(family, inputs))[0]
+    with torch.no_grad():
+        theirs = model.model.get_image_features(*(torch.from_numpy(v) for v in vision_feeds(family, inputs).values()))
+    theirs = torch.cat(theirs) if isinstance(theirs, (tuple, list)) else theirs
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_embeddings_equal_transformers(family: str, converted: Path, model) -> None:
+    ids = np.random.default_rng(2).integers(0, SPECS[family].vocab, (2, 7))
+    ours = session(converted, "embed_tokens").run(None, {"input_ids": ids})[0]
+    with torch.no_grad():
+        theirs = model.get_input_embeddings()(torch.from_numpy(ids)).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, converted: Path, model) -> None:
+    """Batch of two (row 1 left-padded); prefill 9, then 3 decode steps with past. Qwen: M-RoPE positions
+    [3, batch, seq] that differ per axis; Idefics3/SmolVLM: [batch, seq]."""
+    config = json.loads((converted / "config.json").read_text())
+    rng = np.random.default_rng(3)
+    total = 12
+    embeds = rng.standard_normal((2, total, SPECS[family].hidden)).astype(np.float32) * 0.2
+    mask = np.ones((2, total), np.int64)
+    mask[1, :2] = 0
+    base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    if family in QWEN_FAMILIES:
+        positions = np.stack([base, base // 2 + (base > 4) * 3, base % 3 + base // 3]).astype(np.int64)
+    else:
+        positions = base.astype(np.int64)
+    with torch.no_grad():
+        theirs = model(inputs_embeds=torch.from_numpy(embeds), attention_mask=torch.from_numpy(mask),
+                       position_ids=torch.from_numpy(positions)).logits.numpy()
+    decoder = session(converted, "decoder_model_merged")
+    past = empty_past(config, 2)
+    names = [o.name for o in decoder.get_outputs()]
+    start = 0
+    for stop in (9, 10, 11, 12):
+        feeds = {"inputs_embeds": embeds[:, start:stop], "attention_mask": mask[:, :stop],
+                 "position_ids": positions[..., start:stop], **past}
+        outputs = dict(zip(names, decoder.run(None, feeds)))
+        np.testing.assert_allclose(outputs["logits"][0], theirs[0, start:stop], atol=1e-3, rtol=1e-3)
+        valid = slice(max(start, 2) - start, stop - start)  # row 1's padded queries are undefined
+        np.testing.assert_allclose(outputs["logits"][1, valid], theirs[1, max(start, 2):stop], atol=1e-3, rtol=1e-3)
+        past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
+        start = stop
+
+
+@pytest.mark.parametrize("size", [(84, 56), (40, 48), (140, 112)], ids=["wide", "tall", "windows"])
+def test_greedy_tokens_equal_transformers_generate(family: str, converted: Path, model, size: tuple) -> None:
+    inputs = model_inputs(family, converted, sample_image(*size, seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=16,
+                                   do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy(family, converted, model, inputs, 16) == expected
+    assert len(set(expected)) > 3  # varied tokens: a broken part would not hide behind one repeated token
+
+
+def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path, tmp_path: Path) -> None:
+    """``--fp16``: every part also as ``_fp16`` (float32 I/O); vision features within 1 % of fp32 (with a
+    padded tile for Idefics3/SmolVLM), and decoder outputs finite for a left-padded batch, last logits
+    within 2 % of fp32."""
+    from edge_runtime.cli import main
+
+    folder = tmp_path / "fp16"
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(folder), "--precision", "fp16", "--json"]) == 0
+    rng = np.random.default_rng(4)
+    if family in QWEN_FAMILIES:
+        inputs = {"pixel_values": rng.standard_normal((24, 1176)).astype(np.float32),
+                  "image_grid_thw": np.array([[1, 4, 6]], np.int64)}
+    else:
+        size = SPECS[family].image_size
+        mask = np.ones((1, 2, size, size), bool)
+        mask[0, 1, 19:] = False
+        inputs = {"pixel_values": rng.standard_normal((1, 2, 3, size, size)).astype(np.float32),
+                  "pixel_attention_mask": mask}
+    full, half = (session(folder, part).run(None, vision_feeds(family, inputs))[0]
+                  for part in ("vision_encoder", "vision_encoder_fp16"))
+    np.testing.assert_allclose(half, full, atol=0.01 * np.abs(full).max())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["use_external_data_format"] == {
+        "decoder_model_merged.onnx": 1, "decoder_model_merged_fp16.onnx": 1}
+    mask = np.ones((2, 6), np.int64)
+    mask[1, :3] = 0
+    base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    feeds = {"inputs_embeds": rng.standard_normal((2, 6, SPECS[family].hidden)).astype(np.float32) * 0.2,
+             "attention_mask": mask, "position_ids": np.stack([base] * 3) if family in QWEN_FAMILIES else base,
+             **empty_past(config, 2)}
+    decoder = session(folder, "decoder_model_merged_fp16")
+    outputs = dict(zip([o.name for o in decoder.get_outputs()], decoder.run(None, feeds)))
+    assert all(np.isfinite(v).all() for v in outputs.values())
+    full_logits = session(folder, "decoder_model_merged").run(["logits"], feeds)[0]
+    np.testing.assert_allclose(outputs["logits"][:, -1], full_logits[:, -1], atol=0.02 * np.abs(full_logits).max())
+
+
+def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
+    from edge_runtime.cli import main
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    assert main(["convert", str(tmp_path / "ckpt"), "--to", "onnx", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "'llava'" in err and "qwen2_vl, qwen2_5_vl, idefics3, smolvlm" in err
+    assert main(["convert", str(tmp_path / "ckpt"), "--to", "onnx"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_large_model_path_external_data_for_every_part(qwen_checkpoint: Path, qwen_model, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    """Large parts are checked from their saved file, not in memory, and keep weights in ``<file>_data``
+    (limits lowered here so a tiny model takes the path a real checkpoint takes)."""
+    from edge_runtime import model_zoo, vlm_parts
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    for module in (model_zoo, vlm_parts):
+        monkeypatch.setattr(module, "IN_MEMORY_CHECK_BYTES", 4096)
+    monkeypatch.setattr(vlm_parts, "EXTERNAL_DATA_BYTES", 4096)
+    folder = convert_vlm_folder(qwen_checkpoint, tmp_path / "large")
+    parts = ("vision_encoder", "embed_tokens", "decoder_model_merged")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["use_external_data_format"] == {f"{p}.onnx": 1 for p in parts}
+    assert all((folder / "onnx" / f"{p}.onnx_data").is_file() for p in parts)
+    inputs = model_inputs("qwen2_vl", folder, sample_image(seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = qwen_model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=8,
+                                        do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("qwen2_vl", folder, qwen_model, inputs, 8) == expected
+
+
+def test_convert_refuses_scaled_rope_and_missing_weights(qwen_checkpoint: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from edge_runtime.errors import ModelLoadError
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    broken = tmp_path / "ckpt"
+    shutil.copytree(qwen_checkpoint, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["text_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "mrope_section": [2, 3, 3]}
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'yarn' is not supported"):
+        convert_vlm_folder(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no model.safetensors"):
+        convert_vlm_folder(broken, tmp_path / "out")
+
+
+@pytest.mark.parametrize("grid", [[[1, 1, 1]], [[0, 0, 0]], [[5, 7, 3]], [[1, 4, 6], [1, 1, 1]]])
+def test_qwen_vision_encoder_is_total_on_grids_that_do_not_match(qwen_converted: Path, grid: list) -> None:
+    """The planner probes graphs with synthetic inputs: a grid that disagrees with the 24 patch rows must not
+    fail a Gather or divide by zero (which would kill the process); the host validates real inputs."""
+    pixels = np.random.default_rng(0).standard_normal((24, 1176)).astype(np.float32)
+    out = session(qwen_converted, "vision_encoder").run(None, {"pixel_values": pixels,
+                                                              "grid_thw": np.array(grid, np.int64)})[0]
+    assert out.shape == (6, QWEN.hidden)
+
+
+def test_legacy_flat_config_bf16_shards_convert(qwen_checkpoint: Path, tmp_path: Path) -> None:
+    """The shape of released Qwen2-VL checkpoints: text fields flat at the top level (no text_config),
+    ``rope_scaling.type == "mrope"``, bfloat16 weights in two shards with an index; the oracle is
+    transformers loading that same folder in float32."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(qwen_checkpoint, legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    text = config.pop("text_config")
+    text.pop("model_type")
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": text["rope_scaling"]["mrope_section"]}
+    config.update(text, architectures=["Qwen2VLForConditionalGeneration"], torch_dtype="bfloat16")
+    config.pop("dtype", None)
+    (legacy / "config.json").write_text(json.dumps(config))
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(legacy / "model.safetensors")).items()}
+    (legacy / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k].contiguous() for k in keys}, str(legacy / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (legacy / "model.safetensors.index.json").write_text(json.dumps(index))
+    folder = convert_vlm_folder(legacy, tmp_path / "out")
+    model = load_model(legacy)
+    assert next(model.parameters()).dtype == torch.float32
+    inputs = model_inputs("qwen2_vl", folder, sample_image(seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=12,
+                                   do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("qwen2_vl", folder, model, inputs, 12) == expected
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == QWEN.layers
