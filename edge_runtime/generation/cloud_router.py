@@ -108,6 +108,16 @@ class GenerationRouter:
         async for chunk in local:
             yield chunk
 
+    async def stream_remote(self, params: "SamplingParams", request: "OpenAIRequest") -> AsyncIterator[Chunk]:
+        """``request`` through the peer whatever the mode: the local model cannot read it (an image
+        for a text-only model). No local fallback: a cloud failure is the request's error."""
+        from edge_runtime.generation.model import PreparedPrompt
+
+        log.debug("model %s: cloud (the local model cannot read the request: %d image(s))", self.model.name,
+                  len(request.images))
+        async for chunk in self._cloud(PreparedPrompt([], ""), request):
+            yield chunk
+
     async def _cloud(self, prepared: "PreparedPrompt", request: "OpenAIRequest") -> AsyncIterator[Chunk]:
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
         finishing: Chunk | None = None

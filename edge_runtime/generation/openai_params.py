@@ -31,6 +31,7 @@ class OpenAIRequest:
     echo: bool = False
     wants_async: bool = False
     body: Mapping[str, Any] | None = None  # the request as received, for forwarding to a cloud peer
+    images: tuple[str, ...] = ()  # where each image part is ("messages[1].content[0]"), in prompt order
 
     def forward_body(self, remote_model: str) -> dict[str, Any]:
         """The body to send an OpenAI-compatible peer: its model name, streamed, with usage."""
@@ -104,6 +105,31 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     return _bool(options, "include_usage")
 
 
+def image_parts(messages: list[Any]) -> tuple[str, ...]:
+    """Where each image content part of ``messages`` is (``messages[i].content[j]``), in order.
+
+    Only the part's shape is checked here (``{"type": "image_url", "image_url": {"url": str}}``,
+    ``detail`` accepted and ignored); decoding the image is the model's work, and a text-only
+    model never decodes one. InvalidInputError names a malformed part.
+    """
+    found = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for position, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "image_url":
+                continue
+            where = f"messages[{index}].content[{position}]"
+            image_url = part.get("image_url")
+            url = image_url.get("url") if isinstance(image_url, Mapping) else None
+            if not isinstance(url, str) or not url:
+                raise InvalidInputError(f"{where}.image_url must be an object {{'url': 'data:image/png;base64,...'}}"
+                                        f", got {image_url!r}"[:300])
+            found.append(where)
+    return tuple(found)
+
+
 def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     """A ``/v1/chat/completions`` body; InvalidInputError names the bad field."""
     model = _model(body)
@@ -115,7 +141,8 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
         raise InvalidInputError(f"response_format {response_format.get('type')!r} is not supported; use 'text'")
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
-                         messages=messages, wants_async=_bool(body, "async"), body=body)
+                         messages=messages, wants_async=_bool(body, "async"), body=body,
+                         images=image_parts(messages))
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:

@@ -50,7 +50,7 @@ async def generative(request: web.Request, name: str) -> Any:
     """The served version ``name`` if it generates text (ModelNotFoundError / InvalidInputError),
     loaded first when the memory settings load on demand (``[memory] lazy_load``, or a budget
     that unloaded it): its load errors (QueueFullError while busy models hold the room) raise."""
-    from edge_runtime.server.generation_serving import GenerationDispatcher
+    from edge_runtime.serving.generation_serving import GenerationDispatcher
 
     repository = state_of(request).repository
     await repository.ensure_loaded(check_model_name(name))

@@ -26,7 +26,7 @@ class GenerationCollector:
         self._repository = repository
 
     def collect(self) -> Iterable[Metric]:
-        from edge_runtime.server.generation_serving import GenerationDispatcher
+        from edge_runtime.serving.generation_serving import GenerationDispatcher
 
         models = {v.name: v.model for v in self._repository.served() if isinstance(v.dispatcher, GenerationDispatcher)}
         counters = {name: CounterMetricFamily(f"edge_runtime_prefix_cache_{name}", doc, labels=("model",))

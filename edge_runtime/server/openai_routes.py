@@ -102,17 +102,25 @@ class _Answer:
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
     loaded = await generative(request, parsed.model)
     # NOTE: no await from here to dispatcher.stream, which marks the model busy: the budget cannot unload it between.
-    prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
-    answer = _Answer(parsed, loaded)
     if parsed.wants_async and parsed.stream:
         raise InvalidInputError("'async' and 'stream' cannot be combined")
-    chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
+    answer = _Answer(parsed, loaded)
+    if parsed.images and not getattr(loaded.model, "multimodal", False):
+        if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
+            raise InvalidInputError(f"{parsed.model} is not a multimodal model")
+        prepared_text = ""
+        chunks = loaded.dispatcher.stream_remote(parsed.params, parsed)  # busy from here, as below
+    else:
+        _check_image_count(loaded.model, parsed)
+        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
+        prepared_text = prepared.text
+        chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
     if parsed.wants_async:
-        return _submit_task(request, loaded, answer, chunks, prepared.text)
+        return _submit_task(request, loaded, answer, chunks, prepared_text)
     first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent
     if parsed.stream:
         try:
-            return await sse(request, answer.events(first, chunks, prepared.text))
+            return await sse(request, answer.events(first, chunks, prepared_text))
         finally:
             await chunks.aclose()  # a client gone mid-stream: its sequence is cancelled now, not at GC
 
@@ -126,7 +134,14 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         collected = await until_disconnect(request, collect())
     finally:
         await chunks.aclose()
-    return web.Response(text=dumps(answer.whole(prepared.text, collected)), content_type="application/json")
+    return web.Response(text=dumps(answer.whole(prepared_text, collected)), content_type="application/json")
+
+
+def _check_image_count(model: Any, parsed: OpenAIRequest) -> None:
+    """vLLM's limit message, so clients that handle vLLM's handle ours."""
+    limit = getattr(model, "max_images", None)
+    if parsed.images and limit is not None and len(parsed.images) > limit:
+        raise InvalidInputError(f"At most {limit} image(s) may be provided in one prompt.")
 
 
 def _submit_task(request: web.Request, loaded: Any, answer: _Answer, chunks: AsyncIterator[Any],
@@ -157,7 +172,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.Response:
     """Served generative models (with their context length); when models load on demand, also those
     on disk that a request would load (``"loaded": false``, no context length until loaded)."""
-    from edge_runtime.server.generation_serving import GenerationDispatcher
+    from edge_runtime.serving.generation_serving import GenerationDispatcher
 
     repository = state_of(request).repository
     served = [v for v in repository.served() if isinstance(v.dispatcher, GenerationDispatcher)]

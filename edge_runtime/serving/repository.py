@@ -265,7 +265,7 @@ class ModelRepository:
         for version in selected:
             directory = self.root / name / str(version)
             if is_generative_folder(directory):
-                from edge_runtime.server.generation_serving import planned_charge
+                from edge_runtime.serving.generation_serving import planned_charge
 
                 planned[version] = planned_charge(name, directory, config, factor)
             else:
@@ -319,7 +319,7 @@ class ModelRepository:
                        serving: ServingConfig) -> LoadedVersion:
         services = self.start()
         if is_generative_folder(path.parent):  # a decoder LLM folder: served by the generation routes
-            from edge_runtime.server.generation_serving import generative_version
+            from edge_runtime.serving.generation_serving import generative_version
 
             return generative_version(name, version, path.parent, config, serving, self.runtime, services,
                                       self.budget, self.memory.footprint_factor)

@@ -73,6 +73,24 @@ def _client(server: Any, token: str = "unused") -> Any:
                          api_key=token, max_retries=0, timeout=60)
 
 
+def test_an_image_for_a_text_only_model_goes_to_its_cloud_peer_intact(edge: LiveServer, peer: ServerProcess) -> None:
+    """The peer here reads text only too, so it answers with vLLM's 400: proof that the request reached
+    it with its image part intact (the edge did not strip it), and that a model without [cloud]
+    answers the same 400 itself."""
+    import openai
+
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "tap the button"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    with pytest.raises(openai.BadRequestError) as local:
+        _client(edge).chat.completions.create(model="local", messages=messages, max_tokens=4)
+    assert "local is not a multimodal model" in local.value.body["message"]
+    with pytest.raises(openai.APIError) as forwarded:
+        _client(edge).chat.completions.create(model="small", messages=messages, max_tokens=4, temperature=0)
+    assert "chat is not a multimodal model" in str(forwarded.value)  # the peer's own model name: it got there
+    assert forwarded.value.status_code == 502  # the peer refused it: a cloud failure with no local fallback
+
+
 def test_prompt_beyond_the_local_context_goes_to_the_cloud(edge: LiveServer, peer: ServerProcess) -> None:
     import openai
 

@@ -16,6 +16,11 @@ from generation_fixtures import LiveServer, base_url
 
 MESSAGES = [{"role": "system", "content": "You are a phone agent."},
             {"role": "user", "content": "open the settings menu then scroll down"}]
+# a 1x1 PNG: a text-only model must refuse it before decoding anything
+PIXEL_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+IMAGE_MESSAGES = [MESSAGES[0], {"role": "user", "content": [
+    {"type": "text", "text": "what is on the screen?"},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PIXEL_PNG, "detail": "auto"}}]}]
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +141,11 @@ def test_openai_shaped_errors(client: Any) -> None:
          "context is 256 tokens"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, max_tokens=0), "max_tokens"),
         (openai.RateLimitError, dict(model="busy", messages=MESSAGES), "queue full"),
+        # a screenshot for a text-only model: vLLM's wording, which agent clients match to strip images
+        (openai.BadRequestError, dict(model="chat", messages=IMAGE_MESSAGES), "chat is not a multimodal model"),
+        (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": "data:image/png;base64,AAAA"}]}]),
+         "messages[0].content[0].image_url must be an object"),
     ]
     for error, kwargs, text in cases:
         with pytest.raises(error) as caught:

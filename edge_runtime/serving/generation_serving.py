@@ -107,6 +107,20 @@ class GenerationDispatcher:
         raise InvalidInputError(f"model {self.name!r} generates text: call POST /v1/chat/completions, "
                                 f"/v1/completions or /v2/models/{self.name}/generate")
 
+    @property
+    def forwards(self) -> bool:
+        """True when a request this model cannot read (images for a text-only model) can go to its
+        ``[cloud]`` peer instead."""
+        return self.router is not None
+
+    def stream_remote(self, params: "SamplingParams", request: Any) -> BusyStream:
+        """Chunks of ``request`` from the cloud peer, unconditionally (the model cannot read it);
+        the model is held busy as by ``stream`` (its router and breaker belong to it)."""
+        if self.router is None:
+            raise InvalidInputError(f"model {self.name!r} has no [cloud] peer to forward this request to")
+        release = self.budget.hold(self.name) if self.budget is not None else _nothing
+        return BusyStream(self.router.stream_remote(params, request), release)
+
     def stream(self, prepared: "PreparedPrompt", params: "SamplingParams", request: Any = None) -> BusyStream:
         """Chunks of one request; ``request`` (the parsed OpenAI request) lets the router forward it.
 
