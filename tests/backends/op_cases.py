@@ -44,6 +44,8 @@ CASES["reciprocal"] = unary("Reciprocal", low=0.5, high=3.0)
 CASES["gelu_erf"] = unary("Gelu", opset=20)
 CASES["gelu_tanh"] = unary("Gelu", opset=20, approximate="tanh")
 CASES["clip_opset6_attrs"] = unary("Clip", opset=6, min=-0.5, max=0.7)
+CASES["sin_wide_range"] = unary("Sin", low=-20.0, high=20.0)  # rotary angles reach far past pi
+CASES["cos_wide_range"] = unary("Cos", low=-20.0, high=20.0)
 
 
 @case("clip_relu6_inputs")
