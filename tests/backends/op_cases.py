@@ -225,6 +225,9 @@ CASES["softmax_last"] = softmax("Softmax", (3, 4, 33))
 CASES["softmax_axis1_3d"] = softmax("Softmax", (2, 7, 5), axis=1)
 CASES["softmax_opset11_coerced"] = softmax("Softmax", (2, 3, 4), opset=11, axis=1)
 CASES["logsoftmax"] = softmax("LogSoftmax", (5, 9), axis=-1)
+# rows long enough for a work-group per row (OpenCL softmax_rows), not a multiple of it
+CASES["softmax_long_rows"] = softmax("Softmax", (2, 3, 7, 203))
+CASES["logsoftmax_long_rows"] = softmax("LogSoftmax", (6, 130), axis=1)
 
 
 def layernorm(shape, axis=-1, bias=True, stats=False) -> Case:
