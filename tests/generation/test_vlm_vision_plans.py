@@ -10,7 +10,8 @@ graph's nodes ran (``backend_nodes``, no run-time fallback), not only the number
   tower; ORT keeps the integer position arithmetic on the host, a small ``cpu`` stage.
 
 Inputs are real preprocessed images (the folder's own image processor) at two sizes, so the
-patch count, a dynamic dim, differs between runs. The oracle is the ``cpu`` plan (ONNX Runtime).
+patch count, a dynamic dim, differs between runs, then both images in one call (two rows of
+``grid_thw``: the attention mask is block-diagonal). The oracle is the ``cpu`` plan (ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def image_feeds(vlm_folder: Path) -> list[dict[str, np.ndarray]]:
     counts = [f["pixel_values"].shape[0] for f in feeds]
     assert len(set(counts)) == len(counts), f"the image sizes must give different patch counts: {counts}"
     assert all(f["pixel_values"].shape[1] == 1176 and f["grid_thw"].dtype == np.int64 for f in feeds)
+    # both images in one call: attention is then confined to each image by the mask grid_thw derives
+    feeds.append({name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]})
     return feeds
 
 
@@ -107,7 +110,7 @@ def test_vision_encoder_on_the_gpu_plan_equals_the_cpu_plan(accelerator, vlm_fol
     total = len(onnx.load(path).graph.node)
     runtime = _runtime(tmp_path, request, accelerator)
     # cost estimates at the screenshot's size: the partition is then the one that image gets
-    shapes = {name: value.shape for name, value in image_feeds[-1].items()}
+    shapes = {name: value.shape for name, value in image_feeds[1].items()}
     planner = runtime.planner(path, shapes)
     tower, claimed = _float_tower(planner.prepared.model), planner.claims[accelerator]
     assert not tower - claimed, f"{accelerator} refuses tower nodes {sorted(tower - claimed)}"
