@@ -6,7 +6,10 @@ measures what that costs and where the nodes land. One random-weight Qwen2-VL fo
 issue-22 benchmark asks), one synthetic 1080x2400 screenshot preprocessed at a pixel budget of
 about ``--tokens`` image tokens. Per side: nodes per backend, load and first-run seconds
 (kernel/shader builds), p50 ms and the best per-round median of the steady runs (sides
-alternate within each round, so machine noise hits all alike), and the max |diff| from ``cpu``.
+alternate within each round, so machine noise hits all alike), and the max |diff| from ``cpu``
+(absolute, and over the largest |value|: a deep random-weight tower grows its activations, and
+fp32 summation order then shows: on the ``bench`` tower ONNX Runtime's CPU result is itself 9e-5
+of the largest value off a float64 evaluation of the same graph).
 
 On PoCL (OpenCL on the CPU) and lavapipe (Vulkan on the CPU) the accelerator figures measure
 placement and overhead, not GPU speed: both run on the cores the ``cpu`` plan uses.
@@ -107,6 +110,7 @@ def measure(sides: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int, ru
         side["report"].update(p50_ms=round(float(np.median(flat)), 3),
                               best_round_median_ms=round(min(float(np.median(r)) for r in samples[name]), 3),
                               max_abs_diff_vs_cpu=float(np.max(np.abs(got - want))),
+                              max_diff_over_max_cpu=float(np.max(np.abs(got - want)) / np.max(np.abs(want))),
                               fallbacks=len(side["model"].describe()["executable"].get("fallbacks", [])))
 
 
