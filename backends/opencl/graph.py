@@ -10,6 +10,7 @@ host; which nodes run on the device; which graph inputs are parameters
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,7 +57,7 @@ def _is_metadata_table(spec: TensorSpec) -> bool:
     Qwen2-VL's ``grid_thw`` [images, 3] is one; per-token tensors (ids, masks,
     positions) have a dynamic or long last dim and never are.
     """
-    if spec.dtype.startswith("float") or spec.dtype == "bool" or len(spec.shape) < 2:
+    if not re.fullmatch(r"u?int\d+", spec.dtype) or len(spec.shape) < 2:
         return False
     row = spec.shape[1:]
     return all(isinstance(d, int) and d > 0 for d in row) and math.prod(row) <= METADATA_ROW
