@@ -89,6 +89,19 @@ class OpenCLBackend:
         """Whether the kernels compute ``node`` (see backends.opencl.support)."""
         return claim(node, shapes) is None
 
+    def claims(self, model: "onnx.ModelProto", shapes: Mapping[str, TensorSpec]) -> frozenset[int]:
+        """(optional hook) Indices of the nodes compile() takes, judged on the whole graph.
+
+        More than ``supports`` node by node: a node that folds at compile time
+        (the Cos of rotary angles derived from a value-bound ``grid_thw``) is
+        taken whatever its op, as it costs nothing at run time.
+        """
+        from backends.onnx_graph import node_label
+        from backends.opencl.graph import analyse, unclaimed
+
+        refused = unclaimed(analyse(model))
+        return frozenset(i for i, node in enumerate(model.graph.node) if node_label(node, i) not in refused)
+
     def unclaimed_nodes(self, model: ModelSource) -> dict[str, str]:
         """Label -> reason for each node of ``model`` that compile() would refuse.
 

@@ -3,18 +3,21 @@
 Which tensors are known before a run (initializers, Constant outputs, shapes
 once the input shapes are bound, inputs bound by value) and so fold on the
 host; which nodes run on the device; which graph inputs are parameters
-(a Resize's scales, a Reshape's shape) bound by value like dynamic dims.
+(a Resize's scales, a Reshape's shape) or small integer metadata tables
+(Qwen2-VL's ``grid_thw``) bound by value like dynamic dims.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backends.base import TensorSpec
 from backends.onnx_graph import graph_inputs, graph_outputs, op_names, tensor_specs
 from backends.opencl.attrs import opset_of
-from backends.opencl.support import KERNEL_OPS, NONDETERMINISTIC, PARAM_SLOTS, claim
+from backends.opencl.support import FOLD_ONLY, KERNEL_OPS, NONDETERMINISTIC, PARAM_SLOTS, claim, inputs_are_integral
 
 if TYPE_CHECKING:
     import numpy as np
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
 
 # Nodes whose results need no input values once shapes are bound.
 _STATIC_WITHOUT_VALUES = frozenset({"Shape", "Size", "Constant"})
+METADATA_ROW = 16  # most values per row of an integer input bound by value as a metadata table
 
 
 @dataclass(frozen=True)
@@ -47,18 +51,43 @@ class GraphAnalysis:
         return bool(self.value_inputs) or not all(s.is_static() for s in self.inputs)
 
 
-def _value_inputs(model: "onnx.ModelProto", inputs: list[TensorSpec]) -> frozenset[str]:
-    uses: dict[str, list[tuple[str, int]]] = {}
+def _is_metadata_table(spec: TensorSpec) -> bool:
+    """An integer input of a few values per row: [rows, k] with k static and at most ``METADATA_ROW``.
+
+    Qwen2-VL's ``grid_thw`` [images, 3] is one; per-token tensors (ids, masks,
+    positions) have a dynamic or long last dim and never are.
+    """
+    if not re.fullmatch(r"u?int\d+", spec.dtype) or len(spec.shape) < 2:
+        return False
+    row = spec.shape[1:]
+    return all(isinstance(d, int) and d > 0 for d in row) and math.prod(row) <= METADATA_ROW
+
+
+def _value_inputs(model: "onnx.ModelProto", inputs: list[TensorSpec],
+                  specs: dict[str, TensorSpec]) -> frozenset[str]:
+    """Graph inputs bound by value: parameters (a Reshape's shape...) and metadata tables.
+
+    A metadata table (``_is_metadata_table``) read only by integer shape
+    arithmetic decides shapes and positions, not data: binding it folds what
+    it derives (a VLM's rotary tables and attention mask from ``grid_thw``)
+    once per distinct value instead of leaving it to the host at every run.
+    """
+    uses: dict[str, list["onnx.NodeProto"]] = {}
     for node in model.graph.node:
-        for slot, name in enumerate(node.input):
+        for name in node.input:
             if name:
-                uses.setdefault(name, []).append((node.op_type, slot))
+                uses.setdefault(name, []).append(node)
     outputs = {o.name for o in model.graph.output}
     bound = set()
     for spec in inputs:
         used = uses.get(spec.name, [])
-        if used and spec.name not in outputs and all(
-                slot in PARAM_SLOTS.get(op, ()) for op, slot in used):
+        if not used or spec.name in outputs:
+            continue
+        if all(slot in PARAM_SLOTS.get(node.op_type, ()) for node in used
+               for slot, name in enumerate(node.input) if name == spec.name):
+            bound.add(spec.name)
+        elif _is_metadata_table(spec) and all(
+                node.op_type in FOLD_ONLY and inputs_are_integral(node, specs) for node in used):
             bound.add(spec.name)
     return frozenset(bound)
 
@@ -68,8 +97,9 @@ def analyse(model: "onnx.ModelProto") -> GraphAnalysis:
     from onnx import numpy_helper
 
     inputs = graph_inputs(model)
+    specs = tensor_specs(model)
     initializers = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
-    value_inputs = _value_inputs(model, inputs)
+    value_inputs = _value_inputs(model, inputs, specs)
     static = set(initializers) | set(value_inputs)
     runtime, folded = [], []
     for index, node in enumerate(model.graph.node):
@@ -83,7 +113,7 @@ def analyse(model: "onnx.ModelProto") -> GraphAnalysis:
             runtime.append(index)
     return GraphAnalysis(
         model=model, opset=opset_of(model), labels=tuple(op_names(model.graph.node)),
-        specs=tensor_specs(model), inputs=inputs, outputs=graph_outputs(model),
+        specs=specs, inputs=inputs, outputs=graph_outputs(model),
         initializers=initializers, value_inputs=value_inputs, static=frozenset(static),
         runtime=tuple(runtime), folded=tuple(folded))
 

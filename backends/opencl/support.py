@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 ACTIVATIONS = frozenset({
     "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu",
-    "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Softplus", "Elu",
+    "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Softplus", "Elu", "Sin", "Cos",
 })
 BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
@@ -46,7 +46,7 @@ FOLD_ONLY = SHAPE_ONLY | frozenset({
     "Not", "And", "Or", "Where", "Expand", "Tile", "ReduceProd", "Floor", "Ceil", "Round",
     "NonZero", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Slice", "Add", "Sub", "Mul", "Div",
     "Mod", "Max", "Min", "Abs", "Neg", "Sqrt", "Identity", "Transpose", "Flatten", "Split",
-    "ReduceSum", "ReduceMax", "ReduceMin", "CastLike", "Sign", "ScatterND", "GatherElements",
+    "ReduceSum", "ReduceMax", "ReduceMin", "CastLike", "Sign", "ScatterND", "GatherElements", "CumSum",
 })
 # Input slots that carry parameters (axes, shapes, scales), not tensors to compute on.
 PARAM_SLOTS: dict[str, frozenset[int]] = {

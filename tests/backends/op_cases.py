@@ -44,6 +44,8 @@ CASES["reciprocal"] = unary("Reciprocal", low=0.5, high=3.0)
 CASES["gelu_erf"] = unary("Gelu", opset=20)
 CASES["gelu_tanh"] = unary("Gelu", opset=20, approximate="tanh")
 CASES["clip_opset6_attrs"] = unary("Clip", opset=6, min=-0.5, max=0.7)
+CASES["sin_wide_range"] = unary("Sin", low=-20.0, high=20.0)  # rotary angles reach far past pi
+CASES["cos_wide_range"] = unary("Cos", low=-20.0, high=20.0)
 
 
 @case("clip_relu6_inputs")
@@ -223,6 +225,9 @@ CASES["softmax_last"] = softmax("Softmax", (3, 4, 33))
 CASES["softmax_axis1_3d"] = softmax("Softmax", (2, 7, 5), axis=1)
 CASES["softmax_opset11_coerced"] = softmax("Softmax", (2, 3, 4), opset=11, axis=1)
 CASES["logsoftmax"] = softmax("LogSoftmax", (5, 9), axis=-1)
+# rows long enough for a work-group per row (OpenCL softmax_rows), not a multiple of it
+CASES["softmax_long_rows"] = softmax("Softmax", (2, 3, 7, 203))
+CASES["logsoftmax_long_rows"] = softmax("LogSoftmax", (6, 130), axis=1)
 
 
 def layernorm(shape, axis=-1, bias=True, stats=False) -> Case:

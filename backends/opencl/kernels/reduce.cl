@@ -2,6 +2,9 @@
 // reduce: output element i folds R inputs at OUT_BASE(i) + RED_OFF(r) with
 //   COMBINE(acc, v) from INIT, then FINAL(acc).
 // softmax: COUNT rows of AXIS elements, stride INNER; LOG selects log-softmax.
+// softmax_rows: the same for contiguous rows (INNER == 1), one work-group of WG
+//   work-items (a power of two) per row: neighbouring items read neighbouring
+//   elements and combine their partial max and sum in local memory.
 // layernorm: COUNT rows of NORM contiguous elements; SCALE_OFF(j)/BIAS_OFF(j)
 //   broadcast the affine parameters; HAS_BIAS, HAS_MEAN, HAS_INVSTD select the
 //   optional tensors; EPS.
@@ -39,6 +42,54 @@ __kernel void FN(softmax)(__global const store_t* restrict x, __global store_t* 
 #endif
 }
 #endif  // ENTRY_softmax
+
+#ifdef ENTRY_softmax_rows
+// Tree reduction of part[0..WG) with OP; every work-item gets the result.
+#define ROW_REDUCE(part, lid, OP) do { \
+        for (int half_ = WG / 2; half_ > 0; half_ >>= 1) { \
+            barrier(CLK_LOCAL_MEM_FENCE); \
+            if ((lid) < half_) (part)[lid] = OP((part)[lid], (part)[(lid) + half_]); \
+        } \
+        barrier(CLK_LOCAL_MEM_FENCE); \
+    } while (0)
+#define ROW_ADD(a, b) ((a) + (b))
+
+__kernel void FN(softmax_rows)(__global const store_t* restrict x, __global store_t* restrict y) {
+    __local float part[WG];
+    const int lid = get_local_id(0);
+    const int base = get_group_id(0) * AXIS;
+    float m = -INFINITY;
+    for (int j = lid; j < AXIS; j += WG) m = fmax(m, LD(x, base + j));
+    part[lid] = m;
+    ROW_REDUCE(part, lid, fmax);
+    m = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);  // all have read the max before part is reused
+    float s = 0.0f;
+#if LOG
+    for (int j = lid; j < AXIS; j += WG) s += exp(LD(x, base + j) - m);
+#else
+    // one exp per element: y holds exp(x - m) until the sum is known (a work-item
+    // rescales exactly the elements it wrote, so no barrier is needed between)
+    for (int j = lid; j < AXIS; j += WG) {
+        const float e = exp(LD(x, base + j) - m);
+        ST(y, base + j, e);
+        s += e;
+    }
+#endif
+    part[lid] = s;
+    ROW_REDUCE(part, lid, ROW_ADD);
+    s = part[0];
+#if LOG
+    const float shift = m + log(s);
+    for (int j = lid; j < AXIS; j += WG) ST(y, base + j, LD(x, base + j) - shift);
+#else
+    const float inv = 1.0f / s;
+    for (int j = lid; j < AXIS; j += WG) ST(y, base + j, LD(y, base + j) * inv);
+#endif
+}
+#undef ROW_REDUCE
+#undef ROW_ADD
+#endif  // ENTRY_softmax_rows
 
 #ifdef ENTRY_layernorm
 __kernel void FN(layernorm)(__global const store_t* restrict x, __global const store_t* restrict scale,

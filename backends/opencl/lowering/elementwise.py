@@ -62,5 +62,5 @@ def lower_batchnorm(ctx: LoweringContext, group: NodeGroup) -> None:
 LOWERINGS = {op: lower_binary for op in _BINOPS}
 LOWERINGS.update({op: lower_unary for op in (
     "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu",
-    "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Softplus", "Elu")})
+    "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Softplus", "Elu", "Sin", "Cos")})
 LOWERINGS["BatchNormalization"] = lower_batchnorm

@@ -63,7 +63,8 @@ def activation(node: "onnx.NodeProto", ctx: LoweringContext) -> Expr:
         alpha = _f(attrs.get("alpha", 1.0))
         return lambda v: f"(({v}) >= 0.0f ? ({v}) : {alpha} * (exp({v}) - 1.0f))"
     simple = {"Tanh": "tanh({})", "Erf": "erf({})", "Neg": "(-({}))", "Abs": "fabs({})",
-              "Exp": "exp({})", "Log": "log({})", "Sqrt": "sqrt({})", "Reciprocal": "(1.0f / ({}))"}
+              "Exp": "exp({})", "Log": "log({})", "Sqrt": "sqrt({})", "Reciprocal": "(1.0f / ({}))",
+              "Sin": "sin({})", "Cos": "cos({})"}
     template = simple[op]
     return lambda v: template.format(v)
 

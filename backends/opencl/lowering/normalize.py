@@ -8,10 +8,13 @@ from backends.opencl.attrs import node_attrs
 from backends.opencl.lowering import NodeGroup
 from backends.opencl.lowering.context import LoweringContext, NotLowerableError, define, flat_variant, int_list
 from backends.opencl.lowering.index import broadcast_offset, offset_expr, strides
-from backends.opencl.plan import elems_of
+from backends.opencl.plan import Variant, elems_of
 
 if TYPE_CHECKING:
     import onnx
+
+
+ROW_GROUP_MIN = 64  # softmax rows at least this long get a work-group each (softmax_rows)
 
 
 def _axis(axis: int, rank: int, what: str) -> int:
@@ -35,8 +38,17 @@ def lower_softmax(ctx: LoweringContext, group: NodeGroup) -> None:
     rows = elems_of(shape) // max(length, 1)
     defines = [define("COUNT", rows), define("AXIS", length), define("INNER", inner),
                define("LOG", node.op_type == "LogSoftmax")]
-    ctx.emit("reduce", "softmax", [x, out], [flat_variant(defines, rows)], label=group.label,
-             shapes=(shape,), flops=4 * elems_of(shape))
+    one_per_row = flat_variant(defines, rows)
+    if inner != 1 or length < ROW_GROUP_MIN or rows == 0:
+        ctx.emit("reduce", "softmax", [x, out], [one_per_row], label=group.label,
+                 shapes=(shape,), flops=4 * elems_of(shape))
+        return
+    # Long contiguous rows (attention scores): a work-group per row. One work-item per row
+    # would walk its row alone, and neighbouring items would read addresses a row apart.
+    variants = [Variant(tuple(defines + [define("WG", wg)]), (rows * wg,), (wg,), entry="softmax_rows")
+                for wg in (64, 32)] + [one_per_row]
+    ctx.emit("reduce", "softmax", [x, out], variants, label=group.label, shapes=(shape,),
+             flops=4 * elems_of(shape), tune_key=f"softmax rows{rows} axis{length}")
 
 
 def lower_layernorm(ctx: LoweringContext, group: NodeGroup) -> None:

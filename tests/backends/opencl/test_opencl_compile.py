@@ -85,6 +85,53 @@ def test_runtime_parameters_are_bound_by_value(ocl_backend) -> None:
     assert executable.specialisations_built == 2
 
 
+def _metadata_model() -> onnx.ModelProto:
+    """Qwen2-VL's pattern in small: ``grid`` [images, 3] int64 drives rotary-like tables and a mask."""
+    nodes = [helper.make_node("Gather", ["grid", "one"], ["h"], axis=1, name="h"),
+             helper.make_node("CumSum", ["h", "zero"], ["ends"], name="ends"),
+             helper.make_node("Cast", ["ends"], ["angle"], to=TensorProto.FLOAT, name="angle"),
+             helper.make_node("Cos", ["angle"], ["cos"], name="cos"),
+             helper.make_node("Sin", ["angle"], ["sin"], name="sin"),
+             helper.make_node("Unsqueeze", ["h", "ax1"], ["rows"], name="rows"),
+             helper.make_node("Unsqueeze", ["h", "zero1"], ["cols"], name="cols"),
+             helper.make_node("Equal", ["rows", "cols"], ["same"], name="same"),
+             helper.make_node("Where", ["same", "sin", "minus"], ["bias"], name="bias"),
+             helper.make_node("Mul", ["x", "cos"], ["scaled"], name="scaled"),
+             helper.make_node("Add", ["scaled", "bias"], ["y"], name="y")]
+    inits = {"one": np.array(1, np.int64), "zero": np.array(0, np.int64), "ax1": np.array([1], np.int64),
+             "zero1": np.array([0], np.int64), "minus": np.float32(-1.0)}
+    return make_model(nodes, [tensor("x", ["n", "n"]), tensor("grid", ["n", 3], TensorProto.INT64)],
+                      [tensor("y", None)], inits)
+
+
+def test_metadata_tables_are_bound_by_value_and_what_they_derive_folds(ocl_backend) -> None:
+    """An integer [rows, 3] input read only by shape arithmetic specialises per value: the CumSum,
+    Cos/Sin and Where it feeds fold, so the whole graph runs here (claims), though the Where
+    alone is not claimed (supports)."""
+    model = _metadata_model()
+    specs = tensor_specs(model)
+    # alone, a Where of float data on a bool mask has no kernel (integer CumSum/Equal fold anyway)
+    assert {n.name for n in model.graph.node if not ocl_backend.supports(n, specs)} == {"bias"}
+    assert ocl_backend.claims(model, specs) == frozenset(range(len(model.graph.node)))
+    executable = ocl_backend.compile(model, CompileOptions())
+    assert executable.describe()["value_bound_inputs"] == ["grid"]
+    rng = np.random.default_rng(5)
+    for grid in ([[1, 4, 6], [1, 2, 8], [1, 4, 4]], [[1, 6, 2], [1, 6, 6], [1, 2, 2]], [[1, 2, 2], [1, 8, 4]]):
+        grid = np.array(grid, np.int64)
+        feeds = {"x": rand(rng, len(grid), len(grid)), "grid": grid}
+        assert_close(executable.run(feeds)["y"], ort_outputs(model, feeds)[0])
+    assert executable.specialisations_built == 3  # one per distinct grid, though two share a shape
+
+
+def test_per_token_integer_inputs_are_not_bound_by_value(ocl_backend) -> None:
+    """ids [batch, seq] or a long fixed row are data, not metadata: binding them would build per request."""
+    for shape in (["batch", "seq"], [1, 128]):
+        nodes = [helper.make_node("Cast", ["ids"], ["f"], to=TensorProto.FLOAT, name="cast"),
+                 helper.make_node("Mul", ["x", "f"], ["y"], name="mul")]
+        model = make_model(nodes, [tensor("x", shape), tensor("ids", shape, TensorProto.INT64)], [tensor("y", None)])
+        assert ocl_backend.unclaimed_nodes(model) == {"cast (Cast)": "Cast on non-float32 runtime data"}
+
+
 def test_specialisations_are_kept_in_a_bounded_lru() -> None:
     from backends.opencl import OpenCLBackend
 
