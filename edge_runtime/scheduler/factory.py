@@ -34,10 +34,10 @@ from edge_runtime.errors import (
     ModelLoadError,
 )
 from edge_runtime.load_monitor import LoadConfig, LoadMonitor
-from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
+from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching, probe_served
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
-from edge_runtime.scheduler.scheduler import ModelScheduler
+from edge_runtime.scheduler.scheduler import DEFERRED_PRIORITY, ModelScheduler
 from edge_runtime.scheduler.workers import DeviceWorkers
 
 log = logging.getLogger(__name__)
@@ -96,23 +96,50 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans.update(extra_plans or {})
     batching = _batching(model, config, plans[model.backend])
     try:
-        return ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
-                              workers=workers, default_plan=model.backend, owned=owned, batching=batching)
+        scheduler = ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
+                                   workers=workers, default_plan=model.backend, owned=owned, batching=batching)
     except ConfigError:
         for extra in owned:
             extra.close()
         raise
+    if batching.deferred:
+        _defer_batching(scheduler, model, config, model.backend)
+    return scheduler
 
 
 def _batching(model: Any, config: ModelConfig, plan: Plan) -> BatchingDecision:
-    """The load-time batching experiment on the model's own plan; a refusal of configured batching warns."""
-    decision = decide_batching(config.batching, model.inputs, model.outputs, plan.run)
-    if config.batching.enabled and not decision.enabled:
+    """The load-time batching experiment on the model's own plan at its served shapes; a refusal of
+    configured batching warns; without served shapes the experiment waits for the first request."""
+    from edge_runtime.warmup import warmup_config
+
+    shapes = warmup_config(config.extra.get("warmup"), config.source).shapes
+    decision = decide_batching(config.batching, model.inputs, model.outputs, plan.run, shapes)
+    if decision.deferred:
+        log.info("model %s: %s", model.name, decision.reason)
+    elif config.batching.enabled and not decision.enabled:
         log.warning("model %s: [batching] max_batch_size = %d configured, but batching is off: %s",
                     model.name, config.batching.max_batch_size, decision.reason)
     elif decision.enabled:
         log.info("model %s: batching up to %d rows (%s)", model.name, decision.max_batch_size, decision.reason)
     return decision
+
+
+def _defer_batching(scheduler: ModelScheduler, model: Any, config: ModelConfig, plan: str) -> None:
+    """Run the batching experiment at the first request's shapes, through the scheduler's own queue."""
+
+    async def probe(shapes: Mapping[str, tuple[int, ...]]) -> None:
+        async def run(feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+            return (await scheduler.infer(feeds, plan=plan, priority=DEFERRED_PRIORITY)).outputs
+
+        decision = await probe_served(config.batching, model.inputs, shapes, run)
+        scheduler.set_batching(decision)
+        if decision.enabled:
+            log.info("model %s: batching up to %d rows (%s)", model.name, decision.max_batch_size, decision.reason)
+        else:
+            log.warning("model %s: [batching] max_batch_size = %d configured, but batching is off: %s",
+                        model.name, config.batching.max_batch_size, decision.reason)
+
+    scheduler.defer_until_shapes(probe)
 
 
 def _is_onnx(model: Any) -> bool:
