@@ -13,6 +13,13 @@ Plans offered for a model:
   result's ``fallback``);
 * ``extra_plans`` from the caller (a cloud plan; a ``"hybrid"`` there replaces ours).
 
+Where ``auto`` chose the model's plan by measurement (its load report's
+``decision``, ``edge_runtime.plan_race``), only the candidates measured within
+its margin of the winner are compiled as extra plans: a plan measured far
+slower would never be chosen, and compiling it costs memory and, for a GPU
+plan, maps the GPU driver (PoCL, LLVM, libclang: ~100 MiB resident) into a
+daemon whose models all run on the CPU.
+
 CPU plans are compiled with the intra-op threads of ``workers.cpu_split``, so
 the cpu worker's concurrent runs never oversubscribe the cores. Models of one
 ``Runtime`` share one set of device workers.
@@ -78,17 +85,18 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans[model.backend] = model_plan(model.backend, own)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
+    worth = _worth_keeping(model)
     if needs_more and _is_onnx(model):
-        if "cpu" not in plans and runtime.availability("cpu").ok:
+        if "cpu" not in plans and "cpu" in worth and runtime.availability("cpu").ok:
             cpu = _load(runtime, model, "cpu", threads)
             owned.append(cpu)
             plans["cpu"] = model_plan("cpu", cpu)
-        if not any(name in GPU_BACKENDS for name in plans):
+        if not any(name in GPU_BACKENDS for name in plans) and "gpu" in worth:
             gpu = _first_gpu_model(runtime, model, threads)
             if gpu is not None:
                 owned.append(gpu)
                 plans["gpu"] = model_plan("gpu", gpu)
-        if "hybrid" not in (extra_plans or {}):
+        if "hybrid" not in (extra_plans or {}) and "hybrid" in worth:
             hybrid = _hybrid_plan(runtime, model, threads)
             if hybrid is not None:
                 owned.append(hybrid)
@@ -105,6 +113,21 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     if batching.deferred:
         _defer_batching(scheduler, model, config, model.backend)
     return scheduler
+
+
+def _worth_keeping(model: Any) -> frozenset[str]:
+    """The extra plan kinds worth compiling for ``model``: all of them without a measured decision;
+    with one, the winner and the candidates measured within its margin (see the module docstring)."""
+    decision = getattr(getattr(model, "report", None), "decision", None)
+    if decision is None:
+        return frozenset(("cpu", "gpu", "hybrid"))
+    close = {entry.name for entry in decision.close_candidates()}
+    kept = frozenset(n for n in ("cpu", "gpu", "hybrid") if n in close or n == decision.winner)
+    dropped = sorted({"cpu", "gpu", "hybrid"} - kept - {model.backend})
+    if dropped:
+        log.info("model %s: plans %s not compiled: measured slower than %s by more than the margin (%s)",
+                 model.name, dropped, decision.winner, decision.reason)
+    return kept
 
 
 def _batching(model: Any, config: ModelConfig, plan: Plan) -> BatchingDecision:
