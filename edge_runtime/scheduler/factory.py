@@ -85,8 +85,8 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans[model.backend] = model_plan(model.backend, own)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
-    worth = _worth_keeping(model)
     if needs_more and _is_onnx(model):
+        worth = _worth_keeping(model)
         if "cpu" not in plans and "cpu" in worth and runtime.availability("cpu").ok:
             cpu = _load(runtime, model, "cpu", threads)
             owned.append(cpu)

@@ -104,8 +104,14 @@ async def model_metadata(request: web.Request) -> web.Response:
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
                          "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
                          "cloud_mode": target.dispatcher.cloud.mode,
-                         "batching": _batching(target)},
+                         "batching": _batching(target), "auto_decision": _auto_decision(model)},
     })
+
+
+def _auto_decision(model: Any) -> dict[str, Any] | None:
+    """``auto``'s measured race for the model (every candidate's estimate and measurement), if it raced."""
+    decision = getattr(getattr(model, "report", None), "decision", None)
+    return decision.to_dict() if decision is not None else None
 
 
 def _batching(target: LoadedVersion) -> dict[str, Any]:
