@@ -78,7 +78,10 @@ def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", option
     Never raises for a candidate's failure; a failed race (child crash, host
     cannot run the model) gives an unmeasured ``cpu`` decision, not cached.
     """
-    if not has_candidates(runtime):
+    rebuildable = _rebuildable(runtime)
+    # A runtime built from its config is judged by the descriptors (constructing the accelerator
+    # would map its driver); one holding injected backends by what it holds.
+    if not (has_candidates(runtime) if rebuildable else runtime.accelerator() is not None):
         return None
     key = decision_key(runtime, model, input_shapes, options)
     cache = None if runtime.config.cache_dir is None else Path(runtime.config.cache_dir) / CACHE_FILE
@@ -90,7 +93,7 @@ def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", option
             log.info("plan choice cache entry for %s unusable (%s); racing again", path, exc)
     started = time.perf_counter()
     try:
-        if gpu_driver_loaded() or not _rebuildable(runtime):
+        if gpu_driver_loaded() or not rebuildable:
             decision = race_in_process(runtime, model, options, input_shapes)
         else:
             decision = _race_in_child(runtime, path, options, input_shapes)

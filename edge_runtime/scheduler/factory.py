@@ -44,6 +44,7 @@ from edge_runtime.load_monitor import LoadConfig, LoadMonitor
 from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching, probe_served
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
+from edge_runtime.scheduler.recheck import candidate_models, plan_recheck
 from edge_runtime.scheduler.scheduler import DEFERRED_PRIORITY, ModelScheduler
 from edge_runtime.scheduler.workers import DeviceWorkers
 
@@ -85,6 +86,10 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans[model.backend] = model_plan(model.backend, own)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
+    if config.scheduler.policy == "fixed" and wanted == "auto":  # auto-core: auto's candidates, re-checked live
+        for name, candidate in candidate_models(runtime, model, _serving(runtime, threads)).items():
+            owned.append(candidate)
+            plans[name] = model_plan(name, candidate)
     if needs_more and _is_onnx(model):
         worth = _worth_keeping(model)
         if "cpu" not in plans and "cpu" in worth and runtime.availability("cpu").ok:
@@ -105,7 +110,8 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     batching = _batching(model, config, plans[model.backend])
     try:
         scheduler = ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
-                                   workers=workers, default_plan=model.backend, owned=owned, batching=batching)
+                                   workers=workers, default_plan=model.backend, owned=owned, batching=batching,
+                                   recheck=plan_recheck(model.name, config, plans, model.backend))
     except ConfigError:
         for extra in owned:
             extra.close()
@@ -180,9 +186,12 @@ def serving_options(runtime: Any) -> CompileOptions:
     return dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
 
 
+def _serving(runtime: Any, threads: int) -> CompileOptions:
+    return dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
+
+
 def _load(runtime: Any, model: Any, backend: str, threads: int) -> Any:
-    options = dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
-    return runtime.load(model.path, name=model.name, backend=backend, options=options)
+    return runtime.load(model.path, name=model.name, backend=backend, options=_serving(runtime, threads))
 
 
 def _hybrid_plan(runtime: Any, model: Any, threads: int) -> Any | None:
