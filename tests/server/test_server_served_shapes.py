@@ -88,7 +88,7 @@ async def test_no_warning_at_load_and_the_first_request_sets_the_shapes(
     np.testing.assert_allclose(got, ort_run(root / "pool" / "1" / "model.onnx", first)["y"], rtol=1e-4, atol=1e-5)
     # The deferred work runs behind the request, as requests of its own through the same queue.
     for _ in range(400):
-        done = "probed" in (await _metadata(client))["batching"]["reason"] if config else any(
+        done = not (await _metadata(client))["batching"]["deferred"] if config else any(
             "warm-up at the first request's shapes" in r.getMessage() for r in caplog.records)
         if done:
             break
@@ -98,7 +98,8 @@ async def test_no_warning_at_load_and_the_first_request_sets_the_shapes(
     assert warm and f"(1, 3, {SIDE}, {SIDE})" in warm[0]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     if config:
-        assert (await _metadata(client))["batching"]["enabled"] is True
+        batching = (await _metadata(client))["batching"]
+        assert batching["enabled"] is True, batching
 
 
 async def test_after_the_deferred_probe_concurrent_requests_batch_and_answer_as_alone(
@@ -111,7 +112,7 @@ async def test_after_the_deferred_probe_concurrent_requests_batch_and_answer_as_
     response = await client.post("/v2/models/pool/infer", data=codec.encode_request(_image(100)).body)
     assert response.status == 200
     for _ in range(400):
-        if (await _metadata(client))["batching"]["enabled"]:
+        if not (await _metadata(client))["batching"]["deferred"]:
             break
         await asyncio.sleep(0.025)
     before = samples(await (await client.get("/metrics")).text())
