@@ -187,7 +187,7 @@ async def warm_at(scheduler: Any, specs: Sequence[TensorSpec], shapes: ShapeSet,
     """Deferred warm-up: ``runs`` seeded requests per plan at a real request's ``shapes``, queued behind
     real requests (``DEFERRED_PRIORITY``). Returns each plan's first run's compute ms; a plan that
     fails is a DEBUG line (the real request already told whether the shapes fit)."""
-    from edge_runtime.scheduler.scheduler import DEFERRED_PRIORITY
+    from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
 
     feeds = sample_feeds(specs, shapes)
     first: dict[str, float] = {}

@@ -45,7 +45,8 @@ from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
 from edge_runtime.scheduler.recheck import candidate_models, plan_recheck
-from edge_runtime.scheduler.scheduler import DEFERRED_PRIORITY, ModelScheduler
+from edge_runtime.scheduler.scheduler import ModelScheduler
+from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
 from edge_runtime.scheduler.workers import DeviceWorkers
 
 log = logging.getLogger(__name__)

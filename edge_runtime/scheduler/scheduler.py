@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Executor
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from backends.base import TensorSpec
 from edge_runtime.errors import DeadlineExceededError, EdgeRuntimeError
@@ -43,16 +43,13 @@ from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, mak
 from edge_runtime.scheduler.queue import RequestQueue
 from edge_runtime.scheduler.recheck import PlanRecheck
 from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
+from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY, ShapeJob, ShapeJobs
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
-from edge_runtime.served_shapes import request_shapes
 from edge_runtime.validation import validate_feeds
 
 log = logging.getLogger(__name__)
 
 PlanChooser = Callable[[Mapping[str, Plan], QueuedRequest], str]
-ShapeJob = Callable[[Mapping[str, tuple[int, ...]]], Awaitable[None]]
-# Work deferred to the first request's shapes queues behind every real request (see defer_until_shapes).
-DEFERRED_PRIORITY = -(2 ** 31)
 
 
 class ModelScheduler:
@@ -107,8 +104,7 @@ class ModelScheduler:
         self._owned = list(owned)
         # Guards the queue, counters, policy and sizer: the loop and the device workers' threads share them.
         self._lock = threading.RLock()
-        self._shape_jobs: list[ShapeJob] = []  # waiting for the first request's shapes
-        self._deferred: set[asyncio.Task] = set()
+        self._shape_jobs = ShapeJobs(name, self.inputs)  # load work waiting for the first request's shapes
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -128,8 +124,7 @@ class ModelScheduler:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for task in list(self._deferred):
-            task.cancel()
+        self._shape_jobs.cancel()
         if self._own_workers:
             self._workers.close()
         self.discard()
@@ -148,11 +143,9 @@ class ModelScheduler:
         await self.close()
 
     def defer_until_shapes(self, job: ShapeJob) -> None:
-        """Run ``job(shapes)`` once, as a background task, when the first request shows the shapes it is
-        served at (rows bound to 1 where dim 0 is dynamic): warm-up and the batching experiment of a
-        model whose declared dims do not say them. Its requests should use ``DEFERRED_PRIORITY``.
-        A job's failure is logged, never raised to a request."""
-        self._shape_jobs.append(job)
+        """Run ``job(shapes)`` once, in the background, at the first request's shapes (``shape_jobs.py``);
+        its requests should use ``DEFERRED_PRIORITY``. A job's failure is logged, never raised."""
+        self._shape_jobs.add(job)
 
     def set_batching(self, decision: BatchingDecision) -> None:
         """Serve by ``decision`` from now on (the deferred batching experiment's outcome)."""
@@ -190,8 +183,8 @@ class ModelScheduler:
         if self._loop is None:
             await self.start()
         self._pump()
-        if self._shape_jobs and priority != DEFERRED_PRIORITY:
-            self._start_shape_jobs(arrays)
+        if self._shape_jobs.waiting and priority != DEFERRED_PRIORITY:
+            self._shape_jobs.start(arrays)
         try:
             if deadline is None:
                 return await future
@@ -206,27 +199,6 @@ class ModelScheduler:
             if not future.done():
                 future.cancel()
             raise
-
-    def _start_shape_jobs(self, feeds: Mapping[str, Any]) -> None:
-        shapes = request_shapes(self.inputs, feeds)
-        if shapes is None:
-            return
-        jobs, self._shape_jobs = self._shape_jobs, []
-        log.info("model %s: first request's shapes %s: deferred warm-up and probes start", self.name,
-                 {name: list(dims) for name, dims in shapes.items()})
-        for job in jobs:
-            task = asyncio.ensure_future(self._run_shape_job(job, shapes))
-            self._deferred.add(task)
-            task.add_done_callback(self._deferred.discard)
-
-    async def _run_shape_job(self, job: ShapeJob, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        try:
-            await job(shapes)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - deferred load work never fails a request
-            log.info("model %s: deferred work at %s failed (%s: %s)", self.name, dict(shapes),
-                     type(exc).__name__, exc)
 
     # -- dispatch ------------------------------------------------------------------
     def _reading(self) -> LoadReading:
