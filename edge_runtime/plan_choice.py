@@ -123,9 +123,17 @@ def decision_key(runtime: "Runtime", model: "onnx.ModelProto", input_shapes: Map
     digest.update(json.dumps({
         "shapes": {k: list(v) for k, v in sorted((input_shapes or {}).items())}, "device": runtime.device_key(),
         "order": runtime.backend_order(), "precision": options.precision,
-        "opencl": runtime.profile.get("opencl"), "versions": versions, "format": _FORMAT,
+        "opencl": _opencl_devices(runtime.profile), "versions": versions, "format": _FORMAT,
     }, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:32]
+
+
+def _opencl_devices(profile: Mapping[str, Any]) -> list[list[str]]:
+    """The OpenCL devices the probe saw, by name and driver (not their free memory, which moves
+    between processes seconds apart)."""
+    devices = (profile.get("opencl") or {}).get("devices") or []
+    return [[str(d.get(k, "")) for k in ("name", "platform", "driver_version", "version")]
+            for d in devices if isinstance(d, dict)]
 
 
 def _rebuildable(runtime: "Runtime") -> bool:
