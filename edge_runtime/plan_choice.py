@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -149,8 +150,13 @@ def _race_in_child(runtime: "Runtime", path: Path, options: CompileOptions,
     request = {"model": str(path), "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
                "config": config, "profile": runtime.profile,
                "options": {"intra_op_threads": options.intra_op_threads, "precision": options.precision}}
+    # The child imports this very checkout (a script may have put it on sys.path, not PYTHONPATH).
+    import edge_runtime
+
+    root = str(Path(edge_runtime.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, "-m", "edge_runtime.plan_choice"], input=json.dumps(request, default=str),
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False, env=env)
     for line in done.stderr.splitlines():  # the child's log: kept, but its failures are race entries
         log.debug("plan race child: %s", line)
     try:
