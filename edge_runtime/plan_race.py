@@ -135,6 +135,11 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
     module doc). Raises EdgeRuntimeError only when the host itself cannot run the model."""
     from edge_runtime.engine_choice import seeded_feeds
 
+    # NOTE: ONNX Runtime's pool threads spin after a run; interleaved, they would take the cores
+    # from the next candidate (PoCL's workers share them) and make whatever follows an ORT stage
+    # look up to 2x slower. Served sessions do not spin either (scheduler.factory.serving_options).
+    options = replace(options, allow_spinning=False)
+
     host = runtime.backend("cpu")
     host_exec = host.compile(model, options)
     try:

@@ -10,7 +10,8 @@ start):
   candidate's estimate and measurement are reported, and whether PoCL was
   mapped once every ``auto`` model had loaded (before any fixed plan);
 * every fixed plan this device has (``cpu``, ``gpu``, ``hybrid``), compiled
-  apart, and plain ``onnxruntime.InferenceSession``;
+  apart, and plain ``onnxruntime.InferenceSession`` (same threads); no side's
+  ORT pool spins (as served), or it would slow the side run after it;
 * all of them timed in interleaved rounds (best of 3 per round, p50 = median
   over rounds), so the machine's drift hits every side alike; ratios are
   ``auto`` p50 / each fixed plan's p50, and / the best fixed plan's;
@@ -58,11 +59,15 @@ def _max_rel_diff(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> fl
 
 
 def interleaved_p50(runners: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
-    """Per side: p50 (median over rounds of the best of 3) and p95 over every run, in ms."""
+    """Per side: p50 (median over rounds of the best of 3) and p95 over every run, in ms; the order
+    rotates each round."""
     bests: dict[str, list[float]] = {name: [] for name in runners}
     every: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, call in runners.items():
+    names = list(runners)
+    for round_index in range(rounds):
+        shift = round_index % len(names)  # each side follows every other side in turn
+        for name in names[shift:] + names[:shift]:
+            call = runners[name]
             runs = []
             for _ in range(3):
                 start = time.perf_counter()
@@ -74,10 +79,18 @@ def interleaved_p50(runners: dict[str, Callable[[], object]], rounds: int = ROUN
                    "p95": round(float(np.percentile(every[name], 95)), 4)} for name in runners}
 
 
+def _options(runtime: Any) -> Any:
+    """The runtime's compile options without spinning (as served): an ORT pool spinning after its
+    run would take the cores from whichever side runs next in the interleaved rounds."""
+    import dataclasses
+
+    return dataclasses.replace(runtime.compile_options(), allow_spinning=False)
+
+
 def load_auto(runtime: Any, path: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[Any, dict[str, Any]]:
     """``auto`` as the daemon loads it, with its load time and race."""
     started = time.perf_counter()
-    model = runtime.load(path, input_shapes=shapes)
+    model = runtime.load(path, input_shapes=shapes, options=_options(runtime))
     load_s = time.perf_counter() - started
     decision = model.report.decision
     return model, {"backend": model.backend, "load_s": round(load_s, 3),
@@ -93,7 +106,10 @@ def bench_model(runtime: Any, name: str, path: Path, proto: Any, shapes: dict[st
 
     rng = np.random.default_rng(0)
     feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session_options = ort.SessionOptions()
+    session_options.intra_op_num_threads = runtime.threads
+    session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(proto.SerializeToString(), session_options, providers=["CPUExecutionProvider"])
     out_names = [o.name for o in session.get_outputs()]
     expected = dict(zip(out_names, session.run(out_names, feeds)))
     fixed: dict[str, Any] = {}
@@ -101,7 +117,7 @@ def bench_model(runtime: Any, name: str, path: Path, proto: Any, shapes: dict[st
     for plan in FIXED:
         started = time.perf_counter()
         try:
-            fixed[plan] = runtime.load(path, plan=plan, input_shapes=shapes)
+            fixed[plan] = runtime.load(path, plan=plan, input_shapes=shapes, options=_options(runtime))
         except EdgeRuntimeError as exc:
             plans[plan] = {"skipped": f"{type(exc).__name__}: {exc}"[:200]}
             continue
