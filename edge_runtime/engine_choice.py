@@ -109,8 +109,15 @@ def race_runners(runners: Mapping[str, Callable[[], object]], budget_s: float = 
     """
     bests: dict[str, list[float]] = {name: [] for name in runners}
     deadline = time.perf_counter() + budget_s
+    names = list(runners)
+    if not names:
+        return {}
     for round_index in range(rounds):
-        for name, call in runners.items():
+        # Each round starts with the next runner: whatever one run leaves behind (threads winding
+        # down, caches) falls on every runner in turn, not always on the one after it.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            call = runners[name]
             best = float("inf")
             for _ in range(runs_per_round):
                 start = time.perf_counter()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -123,9 +124,17 @@ def decision_key(runtime: "Runtime", model: "onnx.ModelProto", input_shapes: Map
     digest.update(json.dumps({
         "shapes": {k: list(v) for k, v in sorted((input_shapes or {}).items())}, "device": runtime.device_key(),
         "order": runtime.backend_order(), "precision": options.precision,
-        "opencl": runtime.profile.get("opencl"), "versions": versions, "format": _FORMAT,
+        "opencl": _opencl_devices(runtime.profile), "versions": versions, "format": _FORMAT,
     }, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:32]
+
+
+def _opencl_devices(profile: Mapping[str, Any]) -> list[list[str]]:
+    """The OpenCL devices the probe saw, by name and driver (not their free memory, which moves
+    between processes seconds apart)."""
+    devices = (profile.get("opencl") or {}).get("devices") or []
+    return [[str(d.get(k, "")) for k in ("name", "platform", "driver_version", "version")]
+            for d in devices if isinstance(d, dict)]
 
 
 def _rebuildable(runtime: "Runtime") -> bool:
@@ -141,8 +150,13 @@ def _race_in_child(runtime: "Runtime", path: Path, options: CompileOptions,
     request = {"model": str(path), "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
                "config": config, "profile": runtime.profile,
                "options": {"intra_op_threads": options.intra_op_threads, "precision": options.precision}}
+    # The child imports this very checkout (a script may have put it on sys.path, not PYTHONPATH).
+    import edge_runtime
+
+    root = str(Path(edge_runtime.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, "-m", "edge_runtime.plan_choice"], input=json.dumps(request, default=str),
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False, env=env)
     for line in done.stderr.splitlines():  # the child's log: kept, but its failures are race entries
         log.debug("plan race child: %s", line)
     try:

@@ -20,9 +20,11 @@ caches the verdict; see there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from backends.base import CompileOptions
 from backends.errors import EdgeRuntimeError
@@ -131,7 +133,12 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
                     budget_s: float = RACE_BUDGET_S) -> PlanDecision:
     """Estimate, prune, compile and time the candidate plans of ``auto`` in this process (see the
     module doc). Raises EdgeRuntimeError only when the host itself cannot run the model."""
-    from edge_runtime.engine_choice import race_runners, seeded_feeds
+    from edge_runtime.engine_choice import seeded_feeds
+
+    # NOTE: ONNX Runtime's pool threads spin after a run; interleaved, they would take the cores
+    # from the next candidate (PoCL's workers share them) and make whatever follows an ORT stage
+    # look up to 2x slower. Served sessions do not spin either (scheduler.factory.serving_options).
+    options = replace(options, allow_spinning=False)
 
     host = runtime.backend("cpu")
     host_exec = host.compile(model, options)
@@ -139,6 +146,14 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
         shapes, how = served_shapes(model, input_shapes, lambda s: host_exec.run(seeded_feeds(model, s)))
     finally:
         host_exec.close()
+    with _experiment_logging():
+        return _race(runtime, model, options, shapes, how, budget_s)
+
+
+def _race(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions, shapes: dict[str, tuple[int, ...]],
+          how: str, budget_s: float) -> PlanDecision:
+    from edge_runtime.engine_choice import race_runners, seeded_feeds
+
     feeds = seeded_feeds(model, shapes)
     entries: dict[str, RaceEntry] = {}
     compiled: dict[str, Any] = {}
@@ -176,6 +191,31 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
     reason = f"measured fastest at {shapes} ({how}): {shown}"
     log.info("plan race: %s wins (%s)", best.name, reason)
     return PlanDecision(best.name, best.kind, shapes, tuple(entries.values()), reason)
+
+
+_EXPERIMENT_LOGGERS = ("edge_runtime.planning.plans", "edge_runtime.planning.executor")
+
+
+@contextlib.contextmanager
+def _experiment_logging() -> Iterator[None]:
+    """While this thread races: a stage that does not compile or run on the accelerator is a race
+    entry, not a fault, so the planner's and executor's WARNINGs from this thread become DEBUG."""
+    me = threading.get_ident()
+
+    def demote(record: logging.LogRecord) -> bool:
+        if record.thread == me and record.levelno == logging.WARNING:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+    loggers = [logging.getLogger(name) for name in _EXPERIMENT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(demote)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(demote)
 
 
 def _candidates(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions,

@@ -125,9 +125,15 @@ class Runtime:
 
         ``backend`` NAME runs the whole model there. ``plan`` (``cpu``, ``gpu``,
         ``hybrid``, ``auto``) partitions an ONNX model across backends (see
-        ``edge_runtime.planning``); ``backend="auto"`` without a plan means plan
-        ``auto`` where an accelerator is usable, else the first backend in the
-        profile's order. ``input_shapes`` binds dynamic dims for cost estimates.
+        ``edge_runtime.planning``). ``backend="auto"`` (and ``plan="auto"``)
+        choose by measurement where the profile's order holds an accelerator:
+        the candidate plans are timed on this model at the served shape
+        (``plan_race``; in a child process while no GPU driver is mapped, cached
+        per model and device: ``plan_choice``) and only the winner is compiled;
+        the report's ``decision`` holds every candidate's estimate and
+        measurement. Without an accelerator, the first backend in the order
+        (ORT and ncnn raced where both are in it). ``input_shapes`` is the
+        served shape (dynamic dims) for the race and the cost estimates.
 
         Raises ModelNotFoundError (missing file), ModelLoadError (corrupt file),
         BackendUnavailableError / UnsupportedNodesError (the named backend or

@@ -11,6 +11,9 @@ Plans offered for a model:
   and the host, where it finds one with stages on both (a multi-stage
   ``PlanExecutor``: a stage that fails re-runs on the host, reported in the
   result's ``fallback``);
+* under the default ``fixed`` policy on ``auto``, for a model ``auto`` placed by its measured
+  race: the candidates measured close to the winner, and ``cpu`` (``recheck.candidate_plans``),
+  which ``recheck.PlanRecheck`` compares with the served plan from live latencies;
 * ``extra_plans`` from the caller (a cloud plan; a ``"hybrid"`` there replaces ours).
 
 Where ``auto`` chose the model's plan by measurement (its load report's
@@ -44,7 +47,7 @@ from edge_runtime.load_monitor import LoadConfig, LoadMonitor
 from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching, probe_served
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
-from edge_runtime.scheduler.recheck import candidate_models, plan_recheck
+from edge_runtime.scheduler.recheck import candidate_plans, plan_recheck
 from edge_runtime.scheduler.scheduler import ModelScheduler
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
 from edge_runtime.scheduler.workers import DeviceWorkers
@@ -88,9 +91,9 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
     if config.scheduler.policy == "fixed" and wanted == "auto":  # auto-core: auto's candidates, re-checked live
-        for name, candidate in candidate_models(runtime, model, _serving(runtime, threads)).items():
-            owned.append(candidate)
-            plans[name] = model_plan(name, candidate)
+        candidates, compiled = candidate_plans(runtime, model, _serving(runtime, threads))
+        plans.update(candidates)
+        owned.extend(compiled)
     if needs_more and _is_onnx(model):
         worth = _worth_keeping(model)
         if "cpu" not in plans and "cpu" in worth and runtime.availability("cpu").ok:

@@ -109,30 +109,35 @@ def plan_recheck(model: str, config: ModelConfig, plans: Mapping[str, Any], defa
     return PlanRecheck(model, default_plan, candidates) if candidates else None
 
 
-def candidate_models(runtime: Any, model: Any, options: Any) -> dict[str, Any]:
-    """Plan name -> loaded ``Model`` for the re-check of a model ``auto`` placed: the candidates its
-    race measured within ``plan_race.CANDIDATE_MARGIN`` of the winner, and ``cpu`` when the winner
-    is not on the host alone. Empty for a model placed otherwise; a candidate that fails to compile
-    is left out (logged)."""
+def candidate_plans(runtime: Any, model: Any, options: Any) -> tuple[dict[str, Any], list[Any]]:
+    """(plan name -> compiled plan, what to close with them) for the re-check of a model ``auto`` placed: the
+    candidates its race measured within ``plan_race.CANDIDATE_MARGIN`` of the winner, and ``cpu``
+    when the winner is not on the host alone. Empty for a model placed otherwise; a candidate
+    that fails to compile is left out (logged)."""
+    from edge_runtime.scheduler.plans import model_plan
+
     decision = getattr(model.report, "decision", None)
     if decision is None:
-        return {}
+        return {}, []
     names = [entry.name for entry in decision.close_candidates()]
     if model.backend != "cpu" and "cpu" not in names:
         names.append("cpu")  # ORT maps no driver and is always there: the safe side to fall to
-    models: dict[str, Any] = {}
+    plans: dict[str, Any] = {}
+    owned: list[Any] = []
     for name in names:
         if name == model.backend:
             continue
         try:
             if name == "cpu":
-                models[name] = runtime.load(model.path, name=model.name, backend="cpu", options=options)
-            else:
-                models[name] = runtime.load(model.path, name=model.name, plan=name, options=options,
-                                            input_shapes=decision.shapes)
+                loaded = runtime.load(model.path, name=model.name, backend="cpu", options=options)
+                plans[name] = model_plan(name, loaded)
+            else:  # the plan's own layout, not auto's measured pick again
+                loaded = runtime.plans(model.path, names=[name], options=options, input_shapes=decision.shapes)[name]
+                plans[name] = loaded
+            owned.append(loaded)
         except Exception as exc:  # a candidate is an option, not a requirement
             log.info("model %s: candidate plan %s not compiled (%s: %s)", model.name, name, type(exc).__name__, exc)
-    return models
+    return plans, owned
 
 
 def _is_cloud(plan: Any) -> bool:

@@ -175,6 +175,13 @@ def test_cli_plan_json_lists_stages_with_costs_and_boundaries(model_path: Path, 
     assert {t["name"]: t["bytes"] for t in stage["outputs"]} == {"logits": 2 * 5 * 4, "aux": 2 * 8 * 8 * 8 * 4}
     text = cli("plan", str(model_path), "--plan", "cpu", cache=cli_cache).stdout
     assert "plan cpu" in text and "x (1.0 KB)" in text  # batch 1 when no --shape binds it
+    decision = report["auto_decision"]  # None only where no accelerator is in the backend order
+    if decision is not None:
+        assert decision["shapes"] == {"x": [2, 4, 8, 8]}
+        by_name = {c["name"]: c for c in decision["candidates"]}
+        assert by_name["cpu"]["est_ms"] > 0 and by_name["cpu"]["measured_ms"] > 0, "cpu is always timed"
+        assert decision["winner"] in by_name and by_name[decision["winner"]]["measured_ms"] is not None
+        assert "measured" in text or "auto, measured" in cli("plan", str(model_path), cache=cli_cache).stdout
 
 
 def test_cli_run_plan_reports_the_plan_and_equals_onnxruntime(model_path: Path, tmp_path: Path,
