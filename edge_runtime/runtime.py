@@ -172,7 +172,11 @@ class Runtime:
         lost = tuple((n, choice.reason) for n in ((*choice.raced, "cpu") if choice else ()) if n != host_engine)
         measured = self._load_measured(name, path, proto, options, input_shapes, plan is not None, host_engine)
         if measured is not None:
-            measured.report = dataclasses.replace(measured.report, tried=(*measured.report.tried, *lost))
+            reason = measured.report.reason
+            if choice is not None and measured.backend == host_engine != "cpu":  # both races' verdicts
+                reason = f"{choice.reason}; {reason}"
+            measured.report = dataclasses.replace(measured.report, reason=reason,
+                                                  tried=(*measured.report.tried, *lost))
             return measured
         if plan is not None:
             return self._load_plan(name, path, proto, plan, options, input_shapes)
