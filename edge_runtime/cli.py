@@ -266,6 +266,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     report = {"model": str(args.model), "node_count": planner.prepared.original_node_count,
               "backends": {name: planner.table.speeds[name].to_dict() for name in planner.backends},
               "plans": plans}
+    # What auto would load: every candidate's estimate beside its measurement on this device.
+    decision = runtime.measured_choice(args.model, planner.model, runtime.compile_options(), shapes or None)
+    report["auto_decision"] = decision.to_dict() if decision is not None else None
     if args.json:
         _print_json(report)
     else:

@@ -65,7 +65,7 @@ def choose_engine(model: "onnx.ModelProto", engines: Mapping[str, Backend], opti
     if isinstance(cached, dict) and cached.get("backend") in engines:
         return EngineChoice(cached["backend"], dict(cached.get("best_ms", {})), str(cached.get("reason", "")),
                             raced, from_cache=True)
-    feeds = _seeded_feeds(model, shapes)
+    feeds = seeded_feeds(model, shapes)
     runners: dict[str, Callable[[], object]] = {}
     dropped: list[str] = []
     executables = []
@@ -84,7 +84,7 @@ def choose_engine(model: "onnx.ModelProto", engines: Mapping[str, Backend], opti
                 dropped.append(f"{name}: {executable.describe()['on_onnxruntime'][0]['reason']}")
                 continue
             runners[name] = lambda e=executable: e.run(feeds)
-        best = _race(runners)
+        best = race_runners(runners)
     finally:
         for executable in executables:
             executable.close()
@@ -98,18 +98,28 @@ def choose_engine(model: "onnx.ModelProto", engines: Mapping[str, Backend], opti
     return EngineChoice(winner, best, reason, raced)
 
 
-def _race(runners: Mapping[str, Callable[[], object]]) -> dict[str, float]:
-    """Median over interleaved rounds of each runner's best-of-three wall ms.
+def race_runners(runners: Mapping[str, Callable[[], object]], budget_s: float = BUDGET_S,
+                 rounds: int = ROUNDS, runs_per_round: int = RUNS_PER_ROUND) -> dict[str, float]:
+    """Median over interleaved rounds of each runner's best-of-``runs_per_round`` wall ms.
 
-    Best of three drops a run disturbed by the other engine's threads winding
-    down; the median over rounds drops rounds hit by other processes.
+    Best of a few drops a run disturbed by the other engine's threads winding
+    down; the median over rounds drops rounds hit by other processes. At least
+    three rounds run; past ``budget_s`` no new round starts. Shared by the plan
+    race (``plan_race``).
     """
     bests: dict[str, list[float]] = {name: [] for name in runners}
-    deadline = time.perf_counter() + BUDGET_S
-    for round_index in range(ROUNDS):
-        for name, call in runners.items():
+    deadline = time.perf_counter() + budget_s
+    names = list(runners)
+    if not names:
+        return {}
+    for round_index in range(rounds):
+        # Each round starts with the next runner: whatever one run leaves behind (threads winding
+        # down, caches) falls on every runner in turn, not always on the one after it.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            call = runners[name]
             best = float("inf")
-            for _ in range(RUNS_PER_ROUND):
+            for _ in range(runs_per_round):
                 start = time.perf_counter()
                 call()
                 best = min(best, (time.perf_counter() - start) * 1e3)
@@ -119,7 +129,8 @@ def _race(runners: Mapping[str, Callable[[], object]]) -> dict[str, float]:
     return {name: round(statistics.median(values), 4) for name, values in bests.items()}
 
 
-def _seeded_feeds(model: "onnx.ModelProto", shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+def seeded_feeds(model: "onnx.ModelProto", shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """Reproducible feeds (seed 0, uniform [0, 1) cast to each input's dtype) at ``shapes``."""
     from backends.onnx_graph import graph_inputs
 
     rng = np.random.default_rng(0)

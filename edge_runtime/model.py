@@ -27,11 +27,15 @@ class LoadReport:
     node_count: int
     backend_nodes: dict[str, int]
     tried: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    decision: Any = None  # plan_race.PlanDecision: auto's measured race, when auto chose
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "reason": self.reason, "node_count": self.node_count,
-                "backend_nodes": dict(self.backend_nodes),
-                "tried": [{"backend": b, "why_not": why} for b, why in self.tried]}
+        described = {"backend": self.backend, "reason": self.reason, "node_count": self.node_count,
+                     "backend_nodes": dict(self.backend_nodes),
+                     "tried": [{"backend": b, "why_not": why} for b, why in self.tried]}
+        if self.decision is not None:  # estimate and measurement of every candidate
+            described["auto_decision"] = self.decision.to_dict()
+        return described
 
 
 class Model:

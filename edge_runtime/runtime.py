@@ -64,6 +64,7 @@ class Runtime:
             self.config.probe_root, opencl=self.config.probe_opencl)
         self.match = match(self.profile, known_backends=DESCRIPTORS)
         self._backends: dict[str, tuple[Backend | None, Availability]] = {}
+        self._constructed: set[str] = set()  # built here by name (the rest were injected)
         self._executor = ThreadPoolExecutor(max_workers=max(2, self.threads), thread_name_prefix="edge-runtime")
 
     @property
@@ -92,7 +93,13 @@ class Runtime:
     def _backend_entry(self, name: str) -> tuple[Backend | None, Availability]:
         if name not in self._backends:
             self._backends[name] = backend_table.construct(name, self.config.cache_dir)
+            self._constructed.add(name)
         return self._backends[name]
+
+    def injected_backends(self) -> list[str]:
+        """Backends given to this runtime object rather than built by name (tests, embedding apps):
+        a child process built from the config could not rebuild them (``plan_choice``)."""
+        return sorted(set(self._backends) - self._constructed)
 
     def compile_options(self) -> CompileOptions:
         return CompileOptions(
@@ -118,9 +125,15 @@ class Runtime:
 
         ``backend`` NAME runs the whole model there. ``plan`` (``cpu``, ``gpu``,
         ``hybrid``, ``auto``) partitions an ONNX model across backends (see
-        ``edge_runtime.planning``); ``backend="auto"`` without a plan means plan
-        ``auto`` where an accelerator is usable, else the first backend in the
-        profile's order. ``input_shapes`` binds dynamic dims for cost estimates.
+        ``edge_runtime.planning``). ``backend="auto"`` (and ``plan="auto"``)
+        choose by measurement where the profile's order holds an accelerator:
+        the candidate plans are timed on this model at the served shape
+        (``plan_race``; in a child process while no GPU driver is mapped, cached
+        per model and device: ``plan_choice``) and only the winner is compiled;
+        the report's ``decision`` holds every candidate's estimate and
+        measurement. Without an accelerator, the first backend in the order
+        (ORT and ncnn raced where both are in it). ``input_shapes`` is the
+        served shape (dynamic dims) for the race and the cost estimates.
 
         Raises ModelNotFoundError (missing file), ModelLoadError (corrupt file),
         BackendUnavailableError / UnsupportedNodesError (the named backend or
@@ -148,17 +161,62 @@ class Runtime:
         proto = load_onnx(path)
         if backend != "auto":
             return self._compile(name, path, proto, backend, options, "requested", ())
-        if plan is not None:
+        if plan is not None and plan != "auto":
             return self._load_plan(name, path, proto, plan, options, input_shapes)
         from edge_runtime.engine_choice import engine_for
 
-        choice = engine_for(self, proto, options, input_shapes)
-        if choice is not None and choice.backend != "cpu":
-            return self._compile(name, path, proto, choice.backend, options, choice.reason, ())
+        # The CPU engines (ORT, ncnn) race each other first (engine_choice); the winner is the host
+        # side of the plan race, which times the plans over the host and the accelerator.
+        choice = engine_for(self, proto, options, input_shapes) if plan is None else None
+        host_engine = choice.backend if choice is not None else "cpu"
+        lost = tuple((n, choice.reason) for n in ((*choice.raced, "cpu") if choice else ()) if n != host_engine)
+        measured = self._load_measured(name, path, proto, options, input_shapes, plan is not None, host_engine)
+        if measured is not None:
+            reason = measured.report.reason
+            if choice is not None and measured.backend == host_engine != "cpu":  # both races' verdicts
+                reason = f"{choice.reason}; {reason}"
+            measured.report = dataclasses.replace(measured.report, reason=reason,
+                                                  tried=(*measured.report.tried, *lost))
+            return measured
+        if plan is not None:
+            return self._load_plan(name, path, proto, plan, options, input_shapes)
+        if host_engine != "cpu":
+            return self._compile(name, path, proto, host_engine, options, choice.reason, ())
         model = self._load_default(name, path, proto, options, input_shapes)
         if choice is not None:  # say why the other CPU engines lost
-            lost = tuple((n, choice.reason) for n in choice.raced)
             model.report = dataclasses.replace(model.report, tried=(*model.report.tried, *lost))
+        return model
+
+    def measured_choice(self, path: Path, proto: Any, options: CompileOptions,
+                        input_shapes: Mapping[str, Sequence[int]] | None) -> Any:
+        """``auto``'s measured race of plans for ``proto`` (``plan_choice.decide_plan``): a
+        ``PlanDecision``, or None when no accelerator is in the backend order (``cpu`` alone)."""
+        from edge_runtime.plan_choice import decide_plan
+
+        return decide_plan(self, path, proto, options, input_shapes)
+
+    def _load_measured(self, name: str, path: Path, proto: Any, options: CompileOptions,
+                       input_shapes: Mapping[str, Sequence[int]] | None, as_plan: bool,
+                       host_engine: str = "cpu") -> Model | None:
+        """The winner of the measured race, compiled (nothing else is); None when nothing races.
+        ``as_plan``: ``plan="auto"`` (a plan executor even for cpu); else a ``cpu`` win loads
+        ``host_engine`` whole (ORT, or ncnn where it won its race)."""
+        decision = self.measured_choice(path, proto, options, input_shapes)
+        if decision is None:
+            return None
+        winner = decision.entry(decision.winner)
+        shown = "unmeasured" if winner is None or winner.measured_ms is None else f"{winner.measured_ms:.3f} ms"
+        label = "plan 'auto'" if as_plan else "auto"
+        reason = (f"{label}: {decision.winner} measured fastest ({shown}; {decision.where}) on profile "
+                  f"{self.match.name!r}: {decision.reason}")
+        if decision.winner == "cpu" and not as_plan:
+            model = self._compile(name, path, proto, host_engine, options, reason, ())
+        else:
+            model = self._load_plan(name, path, proto, decision.winner, options, input_shapes or decision.shapes)
+            model.report = dataclasses.replace(model.report, reason=f"{reason}; {model.report.reason}")
+        lost = tuple((e.name, e.note or f"measured {e.measured_ms} ms") for e in decision.entries
+                     if e.name != decision.winner)
+        model.report = dataclasses.replace(model.report, tried=(*model.report.tried, *lost), decision=decision)
         return model
 
     def _load_default(self, name: str, path: Path, proto: Any, options: CompileOptions,

@@ -6,6 +6,11 @@ Workloads (PP-OCR models from the ``rapidocr-onnxruntime`` wheel, read as files)
   with ``[batching] max_batch_size = 16``;
 * ``det``: the text detector at a screenshot-sized ``[1, 3, 640, 640]`` FP32 input (4.9 MB).
 
+Both are served on their default configuration: no ``[serving] backend``, so the
+daemon's ``auto`` chooses (``--backend cpu`` pins them, for a comparison), and no
+``[warmup] shapes`` (their dims are dynamic: warm-up waits for the first request).
+Every run starts from an empty cache (calibration and the plan race included).
+
 Sides, measured in one run with the sides interleaved in every round and the
 best of the rounds kept (this machine's speed drifts within a minute):
 
@@ -61,14 +66,15 @@ from bench_server_sides import (  # noqa: E402  (needs the path above)
 from cloud_peer import ServerProcess, free_port  # noqa: E402
 
 CLS_SHAPE, DET_SHAPE = (1, 3, 48, 192), (1, 3, 640, 640)
-CLS_CONFIG = ('[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 1000\n[queue]\nmax_queue_size = 256\n'
-              '[serving]\nbackend = "cpu"\n')
-DET_CONFIG = '[serving]\nbackend = "cpu"\n'
+CLS_CONFIG = '[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 1000\n[queue]\nmax_queue_size = 256\n'
+DET_CONFIG = ''
 
 
-def build_repository(root: Path) -> dict[str, Path]:
+def build_repository(root: Path, backend: str = "auto") -> dict[str, Path]:
+    """``only-cls/cls`` and ``only-det/det``; ``backend`` other than ``auto`` pins both."""
+    pin = f'[serving]\nbackend = "{backend}"\n' if backend != "auto" else ""
     paths = {}
-    for name, kind, config in (("cls", "cls", CLS_CONFIG), ("det", "det", DET_CONFIG)):
+    for name, kind, config in (("cls", "cls", CLS_CONFIG + pin), ("det", "det", DET_CONFIG + pin)):
         folder = root / f"only-{name}" / name
         (folder / "1").mkdir(parents=True)
         target = folder / "1" / "model.onnx"
@@ -125,7 +131,7 @@ def best(rounds: list[dict[str, Any]], key: str, metric: str, lower: bool) -> di
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
-    paths = build_repository(tmp / "repository")  # only-cls/cls and only-det/det
+    paths = build_repository(tmp / "repository", args.backend)  # only-cls/cls and only-det/det
     rng = np.random.default_rng(0)
     cls_x = rng.random(CLS_SHAPE, dtype=np.float32)
     det_x = rng.random(DET_SHAPE, dtype=np.float32)
@@ -153,6 +159,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if kserve:
             asyncio.run(closed_loop(kserve.url, "cls", cls_body, 4, warm))
         idle = {"edge": edge_rss.rss_mib(), "kserve": kserve_rss.rss_mib() if kserve_rss else None}
+        served = {name: served_on(server) for name, server in (("cls", edge), ("det", edge_det))}
         rounds = []
         with contextlib.ExitStack() as samplers:
             for sampler in (edge_rss, kserve_rss):
@@ -183,12 +190,29 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         edge_det.stop()
         if kserve:
             kserve.stop()
-    return summarise(rounds, idle, peak, cls_body, det_body, sessions, cls_x, det_x)
+    result = summarise(rounds, idle, peak, cls_body, det_body, sessions, cls_x, det_x, args.backend)
+    result["served"] = served
+    return result
+
+
+GPU_DRIVER_LIBRARIES = ("libpocl", "libLLVM", "libclang", "libOpenCL", "libvulkan")
+
+
+def served_on(server: ServerProcess) -> dict[str, Any]:
+    """Where the daemon runs its model (its metadata) and which GPU driver libraries it maps."""
+    import urllib.request
+
+    model = "cls" if "only-cls" in str(server.repository) else "det"
+    with urllib.request.urlopen(f"{server.url}/v2/models/{model}", timeout=10) as response:
+        metadata = json.loads(response.read())["edge_runtime"]
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    return {"backend": metadata.get("backend"), "plans": metadata.get("plans"),
+            "gpu_driver_libraries": sorted({lib for lib in GPU_DRIVER_LIBRARIES if f"/{lib}" in maps})}
 
 
 def summarise(rounds: list[dict[str, Any]], idle: dict, peak: dict, cls_body: Any, det_body: Any,
-              sessions: dict, cls_x: np.ndarray, det_x: np.ndarray) -> dict[str, Any]:
-    result: dict[str, Any] = {"rounds": len(rounds), "cores": os.cpu_count()}
+              sessions: dict, cls_x: np.ndarray, det_x: np.ndarray, backend: str = "auto") -> dict[str, Any]:
+    result: dict[str, Any] = {"rounds": len(rounds), "cores": os.cpu_count(), "backend": backend}
     for key in ("c16_edge", "c16_kserve", "c16_ort", "c16_ort_nospin"):
         if any(key in r for r in rounds):
             result[key] = best(rounds, key, "rps", lower=False)
@@ -236,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kserve-python", default=os.environ.get("EDGE_RUNTIME_BENCH_KSERVE_PYTHON"),
                         help="a Python with kserve and onnxruntime (default $EDGE_RUNTIME_BENCH_KSERVE_PYTHON); "
                              "without it the KServe side is left out")
+    parser.add_argument("--backend", default="auto",
+                        help="[serving] backend of both models (default auto: their default configuration)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=4.0, help="seconds per cls side per round")
     parser.add_argument("--det-duration-s", type=float, default=6.0, help="seconds per det side per round")

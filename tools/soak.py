@@ -16,7 +16,14 @@ requests each):
                      ``chat``, a small prefix cache that keeps evicting;
 * ``bad_request``    malformed and wrong-shape bodies, to ``/infer`` and ``/v1/chat/completions``: a 4xx
                      naming the problem is the expected answer;
-* ``metadata``       model metadata, readiness, statistics, ``/v1/models`` and ``/metrics``.
+* ``metadata``       model metadata, readiness, statistics, ``/v1/models`` and ``/metrics``;
+* ``overload``       (``--overload``) bursts of ``OVERLOAD_BURST`` binary requests at once to ``burst`` (the
+                     mobilenet with a queue of ``BURST_QUEUE``), 1 to 4 rows each (its dynamic batch dim: every
+                     size a new input shape), far more than its queue holds: a 200 with the right rows or a
+                     429 with ``Retry-After`` is the expected answer.
+
+Models are served on their default configuration (no ``[serving] backend``: the
+daemon's ``auto`` chooses); ``--backend cpu`` pins them, for a comparison.
 
 Every answer is checked (tensors against ONNX Runtime in this process, greedy
 text against the decoder loaded in this process); anything unexpected is
@@ -29,6 +36,7 @@ Exits 1 when anything was unexpected or the daemon died.
 
     python tools/soak.py --seconds 180 --out bench-results
     python tools/soak.py --quick          # 20 s
+    python tools/soak.py --seconds 60 --overload --backend cpu
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ WINDOWS = 6
 CLIENTS = {"infer_json": 2, "infer_binary": 2, "infer_shm": 1, "async_task": 1, "chat_stream": 2, "bad_request": 1,
            "metadata": 1}
 MAX_PER_CLIENT = 200_000  # a bound on count as well as on time
+OVERLOAD_BURST = 96
+BURST_QUEUE = 8
 SHM_BYTES = 1 << 16
 SHM_OUTPUT_OFFSET = 1 << 15
 SHM_REREGISTER = 50
@@ -88,10 +98,10 @@ class Tally:
                 self.examples.append(f"{kind}: {what}")
 
 
-def build_repository(root: Path) -> dict[str, Any]:
-    """mlp/1 and mobilenet/1 on the cpu backend, chat/1 the tiny decoder; returns inputs and their
-    ONNX Runtime outputs, the mlp's output name, and each chat prompt's greedy answer (the decoder
-    run in this process)."""
+def build_repository(root: Path, backend: str = "auto", overload: bool = False) -> dict[str, Any]:
+    """mlp/1 and mobilenet/1 (``backend`` pinned unless ``auto``), chat/1 the tiny decoder, burst/1 with
+    ``overload``; returns inputs and their ONNX Runtime outputs, the mlp's output name, and each chat
+    prompt's greedy answer (the decoder run in this process)."""
     import onnx
     import onnxruntime as ort
 
@@ -105,11 +115,17 @@ def build_repository(root: Path) -> dict[str, Any]:
         path = root / name / "1" / "model.onnx"
         path.parent.mkdir(parents=True)
         onnx.save(model, str(path))
-        (root / name / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+        (root / name / "config.toml").write_text(f'[serving]\nbackend = "{backend}"\n' if backend != "auto" else "")
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         feeds = [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
         cases[name] = [(f, session.run(None, f)[0]) for f in feeds]
         cases[f"{name}_output"] = session.get_outputs()[0].name
+    burst = root / "burst" / "1"
+    if overload:
+        burst.mkdir(parents=True)
+        (burst / "model.onnx").write_bytes((root / "mobilenet" / "1" / "model.onnx").read_bytes())
+        (root / "burst" / "config.toml").write_text((root / "mobilenet" / "config.toml").read_text() +
+                                                    f"[queue]\nmax_queue_size = {BURST_QUEUE}\n")
     folder = write_decoder_folder(root / "chat" / "1", DecoderShape(hidden=64, intermediate=128, vocab=600,
                                                                     max_positions=256), seed=1)
     (root / "chat" / "config.toml").write_text(CHAT_CONFIG)
@@ -317,8 +333,34 @@ async def _chat_stream(session: Any, url: str, cases: dict, i: int, codec: Any, 
     return True, ""
 
 
+async def _overload(session: Any, url: str, cases: dict, i: int, codec: Any, state: Any) -> tuple[bool, str]:
+    """One burst; ok when every answer is a 200 with ONNX Runtime's rows or a 429 with Retry-After."""
+    singles = cases["mobilenet"]
+
+    async def one(j: int) -> str:
+        rows = 1 + (i + j) % 4
+        picked = [singles[(i + j + r) % len(singles)] for r in range(rows)]
+        x = np.concatenate([f["input"] for f, _ in picked])
+        want = np.concatenate([w for _, w in picked])
+        encoded = codec.encode_request({"input": x}, binary=True, parameters={"binary_data_output": True})
+        async with session.post(f"{url}/v2/models/burst/infer", data=encoded.body,
+                                headers={"Inference-Header-Content-Length": str(encoded.header_length)}) as response:
+            body = await response.read()
+            if response.status == 429:
+                return "" if "Retry-After" in response.headers else "429 without Retry-After"
+            if response.status != 200:
+                return str(response.status)
+            length = int(response.headers["Inference-Header-Content-Length"])
+        got = np.frombuffer(body[length:], "<f4").reshape(want.shape)
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-5), "overload values differ from ONNX Runtime"
+        return ""
+
+    problems = [p for p in await asyncio.gather(*(one(j) for j in range(OVERLOAD_BURST))) if p]
+    return not problems, problems[0] if problems else ""
+
+
 _ONE = {"infer_json": _infer_json, "infer_binary": _infer_binary, "infer_shm": _infer_shm, "async_task": _async_task,
-        "chat_stream": _chat_stream, "bad_request": _bad_request, "metadata": _metadata}
+        "chat_stream": _chat_stream, "bad_request": _bad_request, "metadata": _metadata, "overload": _overload}
 _SETUP = {"infer_shm": _shm_setup}
 _TEARDOWN = {"infer_shm": _shm_teardown}
 
@@ -379,12 +421,14 @@ def plot(result: dict[str, Any], rss: list[tuple[float, int]], path: Path) -> No
     figure.savefig(path, dpi=100)
 
 
-async def soak(seconds: float, work: Path) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+async def soak(seconds: float, work: Path, backend: str = "auto",
+               overload: bool = False) -> tuple[dict[str, Any], list[tuple[float, int]]]:
     from cloud_peer import free_port
 
     from urllib.request import urlopen
 
-    cases = build_repository(work / "repository")
+    cases = build_repository(work / "repository", backend, overload)
+    clients = {**CLIENTS, **({"overload": 1} if overload else {})}
     port = free_port()
     env = {**os.environ, "EDGE_RUNTIME_CACHE": str(work / "cache"), "PYTHONPATH": str(ROOT),
            "EDGE_RUNTIME_THREADS": "1"}
@@ -407,7 +451,7 @@ async def soak(seconds: float, work: Path) -> tuple[dict[str, Any], list[tuple[f
         stop_at = tally.started + seconds
         await asyncio.gather(sample_rss(process.pid, rss, tally.started, stop_at),
                              *(client(kind, k, url, cases, tally, stop_at)
-                               for kind, n in CLIENTS.items() for k in range(n)))
+                               for kind, n in clients.items() for k in range(n)))
         alive = process.poll() is None
         generation = _generation_figures(url) if alive else {}
     finally:
@@ -415,6 +459,7 @@ async def soak(seconds: float, work: Path) -> tuple[dict[str, Any], list[tuple[f
             os.kill(process.pid, signal.SIGTERM)
             process.wait(timeout=60)
     result = summarise(tally, rss, seconds, alive)
+    result["backend"], result["overload"] = backend, overload
     result["generation"] = generation
     result["exit_code"] = process.returncode
     return result, rss
@@ -443,10 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="how long to keep the traffic up")
     parser.add_argument("--quick", action="store_true", help="20 s")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--backend", default="auto",
+                        help="[serving] backend of the tensor models (default auto: their default configuration)")
+    parser.add_argument("--overload", action="store_true", help="add the overload client (bursts beyond the queue)")
     args = parser.parse_args(argv)
     seconds = 20.0 if args.quick else args.seconds
     with tempfile.TemporaryDirectory(prefix="soak-") as work:
-        result, rss = asyncio.run(soak(seconds, Path(work)))
+        result, rss = asyncio.run(soak(seconds, Path(work), args.backend, args.overload))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(result, indent=1))
     plot(result, rss, args.out / "soak.png")

@@ -1,16 +1,22 @@
 """Backend speed calibration: a short micro-benchmark through the backend contract.
 
-Six tiny ONNX models are compiled on the backend and timed (best of a few
-runs, within a time budget, ~2 s at most):
+Tiny ONNX models (``micro_models``) are compiled on the backend and timed
+(best of a few runs, within a time budget, ~2 s at most):
 
-* ``add(1, 1)`` / ``add(1, K)``: one vs K chained scalar Adds on one element
-  give the fixed cost of a run and the per-node launch cost;
-* ``fan(1, 4)``: four one-element inputs and outputs give the per-tensor copy
+* ``add_chain(1, 1)`` / ``add_chain(1, K)``: one vs K chained Adds on one
+  element give the fixed cost of a run and the per-node launch cost (each node
+  also reads the graph input, so no fuser can merge the chain into one kernel);
+* ``fan(4)``: four one-element inputs and outputs give the per-tensor copy
   latency (device backends);
-* ``add(N, 1)`` / ``add(N, K)`` on N floats give memory bandwidth and, on a
-  device backend, host<->device copy bandwidth;
+* ``add_chain(N, 1)`` / ``add_chain(N, K)`` on N floats give memory bandwidth
+  and, on a device backend, host<->device copy bandwidth;
 * ``matmul(S)`` and a 3x3 ``conv`` give compute speeds (GFLOP/s): matrix
   products and convolutions run at rather different speeds on some backends.
+
+Every figure is checked against ``calibration_bounds`` (launch cost > 0,
+bandwidth within what the host moves, ...): out of bounds, the whole set is
+measured once more; a figure still out is refused with a WARNING naming it,
+and ``default_speed``'s value stands in.
 
 Results are cached in ``cache_dir/calibration.json`` keyed on backend name,
 device key and the benchmark's format version, so it runs once per device.
@@ -30,6 +36,8 @@ import numpy as np
 
 from backends.base import Backend, CompileOptions
 from backends.errors import UnsupportedNodesError
+from edge_runtime.planning import micro_models
+from edge_runtime.planning.calibration_bounds import host_bandwidth_gbps, out_of_bounds
 from edge_runtime.planning.cost import BackendSpeed
 
 if TYPE_CHECKING:
@@ -38,14 +46,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
-_FORMAT = 2  # bump when the micro-models change, so stale entries are measured again
+# Bump when the micro-models or the checks change, so stale entries are measured again.
+# 3: chains no fuser can merge; sanity bounds (format 2 let PoCL read 0.0 us per node and 3,813 GB/s).
+_FORMAT = 3
 _BIG_ELEMS = 1 << 20
 _CHAIN = 8
+_LONG_CHAIN = 32  # the one-element chain that gives the launch cost
 _FAN = 4
 _MATMUL = 256
 _CONV = (32, 32)  # 3x3 convolution, 32 -> 32 channels on a 32x32 image: 19 MFLOP
 
 SpeedMeasure = Callable[[Backend, CompileOptions, bool], BackendSpeed]
+Figures = dict[str, "float | None"]
 
 
 def default_speed(name: str, on_host: bool) -> BackendSpeed:
@@ -60,42 +72,76 @@ def measure_speed(backend: Backend, options: CompileOptions, on_host: bool, budg
     """Time the micro-models on ``backend``; raises EdgeRuntimeError if it cannot run them.
 
     Past ``budget_s`` each model runs only twice, and the optional ones (the
-    copy-latency fan, the conv) are skipped; kernel builds still take what they take.
+    copy-latency fan, the conv) are skipped; kernel builds still take what they
+    take. Figures outside ``calibration_bounds`` are measured once more; those
+    still out are replaced by ``default_speed``'s, with a WARNING naming each.
     """
+    host_gbps = host_bandwidth_gbps(_BIG_ELEMS)
+    figures = _measure_figures(backend, options, on_host, budget_s)
+    bad = out_of_bounds(figures, host_gbps)
+    if bad:
+        log.info("calibration of %s: %s out of bounds (%s); measuring again", backend.name, ", ".join(bad),
+                 "; ".join(f"{k} {why}" for k, why in bad.items()))
+        again = _measure_figures(backend, options, on_host, budget_s)
+        for name in bad:
+            figures[name] = again[name]
+        bad = out_of_bounds(figures, host_gbps)
+    fallback = default_speed(backend.name, on_host).to_dict()
+    for name, why in bad.items():
+        log.warning("calibration of %s: refusing figure %s (%s, measured twice); using the default %s",
+                    backend.name, name, why, fallback[name])
+        figures[name] = fallback[name]
+    return BackendSpeed(backend.name, **figures)  # type: ignore[arg-type]
+
+
+def _measure_figures(backend: Backend, options: CompileOptions, on_host: bool, budget_s: float) -> Figures:
+    """One pass over the micro-models: the raw figures of ``BackendSpeed`` (unchecked, may be impossible)."""
     options = dataclasses.replace(options, cache_dir=None)  # micro-models must not fill the model cache
     deadline = time.perf_counter() + budget_s
 
     def best(model: "onnx.ModelProto") -> float:
-        return _best_time(backend, options, model, deadline)
+        return _best_times(backend, options, [model], deadline)[0]
 
-    small_1, small_k = best(_add_chain(1, 1)), best(_add_chain(1, _CHAIN))
-    big_1, big_k = best(_add_chain(_BIG_ELEMS, 1)), best(_add_chain(_BIG_ELEMS, _CHAIN))
-    launch_s = max(0.0, (small_k - small_1) / (_CHAIN - 1))
-    add_mem_s = max(1e-7, (big_k - big_1) / (_CHAIN - 1) - launch_s)
-    fixed_s = max(0.0, small_1 - launch_s)
+    # NOTE: a kernel launch costs microseconds against tens of microseconds of noise per run on a
+    # busy small device: a long chain, many interleaved rounds (the one-element runs are cheap).
+    small_1, small_k = _best_times(backend, options, [micro_models.add_chain(1, 1),
+                                                      micro_models.add_chain(1, _LONG_CHAIN)], deadline, 20)
+    big_1, big_k = _best_times(backend, options, [micro_models.add_chain(_BIG_ELEMS, 1),
+                                                  micro_models.add_chain(_BIG_ELEMS, _CHAIN)], deadline)
+    launch_s = (small_k - small_1) / (_LONG_CHAIN - 1)
+    add_mem_s = (big_k - big_1) / (_CHAIN - 1) - launch_s
+    fixed_s = small_1 - launch_s
     copy_gbps, copy_latency_s = None, 0.0
     if not on_host:
         if time.perf_counter() < deadline:
-            fan = best(_fan(_FAN))
+            fan = best(micro_models.fan(_FAN))
+            # fan(4) copies 3 more inputs and 3 more outputs than one node, and launches 3 more nodes.
             copy_latency_s = max(0.0, (fan - small_1 - (_FAN - 1) * launch_s) / (2 * (_FAN - 1)))
+            # NOTE: on PoCL each extra tensor costs more than the one-in-one-out run's share
+            # (fan - small_1 > 6 x ...): the per-tensor figure is kept (it makes cuts dearer, the
+            # safe side) and the fixed cost floors at 0 rather than going negative.
             fixed_s = max(0.0, fixed_s - 2 * copy_latency_s)
-        big_copy_s = max(1e-7, (big_1 - small_1 - add_mem_s) / 2)  # one way, N floats
-        copy_gbps = _clamp(4.0 * _BIG_ELEMS / big_copy_s / 1e9, 0.05, 1e4)
+        big_copy_s = (big_1 - small_1 - max(add_mem_s, 0.0)) / 2  # one way, N floats
+        copy_gbps = _rate(4.0 * _BIG_ELEMS, big_copy_s)
 
     def gflops(model: "onnx.ModelProto", flops: float, io_bytes: float) -> float:
         """FLOP/s of one compute-bound micro-model, its fixed cost and copies taken out."""
-        moved_s = 0.0 if copy_gbps is None else io_bytes / (copy_gbps * 1e9)
-        return _clamp(flops / max(1e-7, best(model) - small_1 - moved_s) / 1e9, 0.05, 1e5)
+        moved_s = 0.0 if not copy_gbps or copy_gbps == float("inf") else io_bytes / (copy_gbps * 1e9)
+        return _rate(flops, best(model) - small_1 - moved_s)
 
     side, ch = _CONV
     conv_gflops = None
-    matmul_gflops = gflops(_matmul(_MATMUL), 2.0 * _MATMUL**3, 8.0 * _MATMUL**2)
+    matmul_gflops = gflops(micro_models.matmul(_MATMUL), 2.0 * _MATMUL**3, 8.0 * _MATMUL**2)
     if time.perf_counter() < deadline:
-        conv_gflops = gflops(_conv(side, ch), 2.0 * side * side * ch * ch * 9, 8.0 * side * side * ch)
-    mem_gbps = _clamp(8.0 * _BIG_ELEMS / add_mem_s / 1e9, 0.05, 1e4)  # one Add reads and writes N floats
-    return BackendSpeed(backend.name, gflops=matmul_gflops, mem_gbps=mem_gbps, launch_us=launch_s * 1e6,
-                        stage_us=fixed_s * 1e6, copy_gbps=copy_gbps, copy_latency_us=copy_latency_s * 1e6,
-                        conv_gflops=conv_gflops)
+        conv_gflops = gflops(micro_models.conv(side, ch), 2.0 * side * side * ch * ch * 9, 8.0 * side * side * ch)
+    mem_gbps = _rate(micro_models.CHAIN_BYTES_PER_ELEMENT * _BIG_ELEMS, add_mem_s)
+    return {"gflops": matmul_gflops, "mem_gbps": mem_gbps, "launch_us": launch_s * 1e6, "stage_us": fixed_s * 1e6,
+            "copy_gbps": copy_gbps, "copy_latency_us": copy_latency_s * 1e6, "conv_gflops": conv_gflops}
+
+
+def _rate(amount: float, seconds: float) -> float:
+    """``amount / seconds`` in units of 1e9; infinite when the time is not positive (then out of bounds)."""
+    return amount / seconds / 1e9 if seconds > 0 else float("inf")
 
 
 def cached_speed(backend: Backend, device_key: str, cache_dir: Path | None, options: CompileOptions,
@@ -109,7 +155,11 @@ def cached_speed(backend: Backend, device_key: str, cache_dir: Path | None, opti
     entries = read_entries(path)
     if key in entries:
         try:
-            return BackendSpeed.from_dict(entries[key])
+            speed = BackendSpeed.from_dict(entries[key])
+            bad = out_of_bounds(speed.to_dict(), host_bandwidth_gbps(_BIG_ELEMS))
+            if not bad:
+                return speed
+            raise ValueError("; ".join(f"{k} {why}" for k, why in bad.items()))
         except (TypeError, ValueError) as exc:
             log.warning("calibration entry %s in %s is unusable (%s); measuring again", key, path, exc)
     started = time.perf_counter()
@@ -120,7 +170,8 @@ def cached_speed(backend: Backend, device_key: str, cache_dir: Path | None, opti
         return default_speed(backend.name, on_host)
     log.info("calibrated %s in %.2f s: %s", backend.name, time.perf_counter() - started, speed)
     if path is not None:
-        write_entry(path, key, {**speed.to_dict(), "measured_at": time.time()})
+        write_entry(path, key, {**speed.to_dict(), "host_gbps": round(host_bandwidth_gbps(_BIG_ELEMS), 2),
+                                "measured_at": time.time()})
     return speed
 
 
@@ -157,83 +208,37 @@ def write_entry(path: Path, key: str, entry: dict) -> None:
             log.debug("cannot remove %s", tmp)
 
 
-def _clamp(value: float, low: float, high: float) -> float:
-    return min(high, max(low, value))
-
-
-def _best_time(backend: Backend, options: CompileOptions, model: "onnx.ModelProto", deadline: float,
-               repeat: int = 5) -> float:
-    """Least wall seconds of a few runs (the least is the least disturbed by a noisy machine)."""
+def _best_times(backend: Backend, options: CompileOptions, models: "list[onnx.ModelProto]", deadline: float,
+                repeat: int = 5) -> list[float]:
+    """Least wall seconds of each model over ``repeat`` interleaved rounds (the least is the least
+    disturbed by a noisy machine; interleaving puts a drift of the machine's speed on every side alike)."""
     from backends.onnx_graph import graph_inputs, node_label, tensor_specs
 
-    specs = tensor_specs(model)
-    refused = [node_label(n, i) for i, n in enumerate(model.graph.node) if not backend.supports(n, specs)]
-    if refused:
-        raise UnsupportedNodesError(backend.name, refused)
-    executable = backend.compile(model, options)
+    for model in models:
+        specs = tensor_specs(model)
+        refused = [node_label(n, i) for i, n in enumerate(model.graph.node) if not backend.supports(n, specs)]
+        if refused:
+            raise UnsupportedNodesError(backend.name, refused)
+    executables = []
     try:
+        runs = []
         rng = np.random.default_rng(0)
-        feeds = {spec.name: rng.standard_normal([int(d) for d in spec.shape]).astype(np.float32)
-                 for spec in graph_inputs(model)}
-        executable.run(feeds)  # warm-up: first-run allocation and kernel builds
-        best = float("inf")
+        for model in models:
+            executable = backend.compile(model, options)
+            executables.append(executable)
+            feeds = {spec.name: rng.standard_normal([int(d) for d in spec.shape]).astype(np.float32)
+                     for spec in graph_inputs(model)}
+            executable.run(feeds)  # warm-up: first-run allocation and kernel builds
+            runs.append((executable, feeds))
+        best = [float("inf")] * len(models)
         for i in range(repeat):
             if i >= 2 and time.perf_counter() > deadline:
                 break
-            start = time.perf_counter()
-            executable.run(feeds)
-            best = min(best, time.perf_counter() - start)
+            for k, (executable, feeds) in enumerate(runs):
+                start = time.perf_counter()
+                executable.run(feeds)
+                best[k] = min(best[k], time.perf_counter() - start)
         return best
     finally:
-        executable.close()
-
-
-def _add_chain(elements: int, depth: int) -> "onnx.ModelProto":
-    from onnx import TensorProto, helper
-
-    nodes, inits, previous = [], [], "x"
-    for i in range(depth):
-        inits.append(helper.make_tensor(f"c{i}", TensorProto.FLOAT, [1], [0.5 + i]))
-        out = "y" if i == depth - 1 else f"t{i}"
-        nodes.append(helper.make_node("Add", [previous, f"c{i}"], [out], name=f"add{i}"))
-        previous = out
-    return _model(nodes, [("x", [elements])], [("y", [elements])], inits)
-
-
-def _fan(width: int) -> "onnx.ModelProto":
-    from onnx import TensorProto, helper
-
-    inits = [helper.make_tensor("c", TensorProto.FLOAT, [1], [1.0])]
-    nodes = [helper.make_node("Add", [f"x{i}", "c"], [f"y{i}"], name=f"add{i}") for i in range(width)]
-    return _model(nodes, [(f"x{i}", [1]) for i in range(width)], [(f"y{i}", [1]) for i in range(width)], inits)
-
-
-def _matmul(size: int) -> "onnx.ModelProto":
-    from onnx import helper, numpy_helper
-
-    weight = numpy_helper.from_array(np.random.default_rng(1).standard_normal((size, size)).astype(np.float32), "w")
-    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")
-    return _model([node], [("x", [size, size])], [("y", [size, size])], [weight])
-
-
-def _conv(side: int, channels: int) -> "onnx.ModelProto":
-    from onnx import helper, numpy_helper
-
-    rng = np.random.default_rng(2)
-    weight = numpy_helper.from_array((rng.standard_normal((channels, channels, 3, 3)) * 0.1).astype(np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])
-    shape = [1, channels, side, side]
-    return _model([node], [("x", shape)], [("y", shape)], [weight])
-
-
-def _model(nodes: list, inputs: list[tuple[str, list[int]]], outputs: list[tuple[str, list[int]]],
-           initializers: list) -> "onnx.ModelProto":
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(nodes, "calibration",
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
-                              initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+        for executable in executables:
+            executable.close()

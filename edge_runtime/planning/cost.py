@@ -105,12 +105,12 @@ class BackendSpeed:
         return speed
 
 
-def bound_input_shapes(inputs: Sequence[TensorSpec],
-                       known: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
+def bound_input_shapes(inputs: Sequence[TensorSpec], known: Mapping[str, Sequence[int]] | None = None,
+                       default_dim: int = DEFAULT_DIM) -> dict[str, tuple[int, ...]]:
     """Concrete shape of every input: ``known`` where given, else symbolic dims bound.
 
     A symbolic name shared by several inputs binds to one size; axis 0 binds
-    to 1 (batch), other unknown axes to ``DEFAULT_DIM``.
+    to 1 (batch), other unknown axes to ``default_dim``.
     """
     known = dict(known or {})
     names: dict[str, int] = {}
@@ -129,7 +129,7 @@ def bound_input_shapes(inputs: Sequence[TensorSpec],
             if isinstance(dim, int) and dim >= 0:
                 dims.append(dim)
                 continue
-            default = 1 if axis == 0 else DEFAULT_DIM
+            default = 1 if axis == 0 else default_dim
             dims.append(names.setdefault(dim, default) if isinstance(dim, str) and dim != "?" else default)
         shapes[spec.name] = tuple(dims)
     return shapes

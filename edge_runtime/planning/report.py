@@ -26,6 +26,14 @@ def format_plans(report: dict[str, Any]) -> str:
             outputs = ", ".join(f"{t['name']} ({_size(t['bytes'])})" for t in stage["outputs"])
             lines.append(f"  {k:>2}  {stage['backend']:<8} {stage['node_count']:>5} {stage['est_ms']:>9.3f} "
                          f"{_size(stage['copy_bytes']):>10}  {inputs} -> {outputs}")
+    decision = report.get("auto_decision")
+    if decision:
+        lines.append("")
+        lines.append(f"auto, measured at {decision['shapes']} ({decision['where']}): {decision['winner']}")
+        for entry in decision["candidates"]:
+            est = "-" if entry["est_ms"] is None else f"{entry['est_ms']:.3f}"
+            measured = "-" if entry["measured_ms"] is None else f"{entry['measured_ms']:.3f}"
+            lines.append(f"  {entry['name']:<8} est {est:>9} ms  measured {measured:>9} ms  {entry['note']}".rstrip())
     return "\n".join(lines)
 
 

@@ -6,8 +6,11 @@ model that normalises over dim 0, or reshapes it into another axis, mixes rows, 
 joining two requests would change both answers. So ``decide_batching`` runs two
 different seeded rows joined into one batch and one at a time, and enables batching
 only when every output comes back with one row per input row and each row equals its
-single-row run within fp32 tolerance. Dynamic dims other than dim 0 are bound to the
-first of a few sizes the model accepts.
+single-row run within fp32 tolerance. Dynamic dims other than dim 0 take the model's
+served shapes (``edge_runtime.served_shapes``), never an arbitrary size the model may
+reject (PP-OCR's pooling takes no 1x1 or 32x32 image); when nothing says them yet the
+experiment is deferred to the first request (``deferred``: batching stays off until
+``probe_served`` has run at that request's shapes, off its critical path).
 
 ``BatchingDecision`` (enabled, reason, max_batch_size) is what the scheduler serves
 by and what the model's metadata reports as ``edge_runtime.batching``.
@@ -16,20 +19,21 @@ by and what the model's metadata reports as ``edge_runtime.batching``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
 from backends.base import TensorSpec
 from edge_runtime.errors import EdgeRuntimeError
 from edge_runtime.scheduler.config import BatchingConfig
+from edge_runtime.served_shapes import ShapeSet, served_shapes
 
-# Sizes tried for dynamic non-batch dims: small first (a cheap probe), then common image sizes.
-_FREE_DIM_SIZES = (32, 64, 224, 16, 8, 1)
 _RTOL, _ATOL = 1e-3, 1e-4  # fp32: batched kernels may sum in another order; atol scales with |output|
 _SEED = 20240611
 
 Run = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+AsyncRun = Callable[[Mapping[str, np.ndarray]], Awaitable[Mapping[str, np.ndarray]]]
+DEFERRED = "deferred: a dynamic dim besides dim 0 has no served shape yet; probed at the first request's shapes"
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,11 @@ class BatchingDecision:
     enabled: bool
     reason: str
     max_batch_size: int = 0
+    deferred: bool = False  # the experiment waits for the first request's shapes (batching off meanwhile)
 
     def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "reason": self.reason,
-                "max_batch_size": self.max_batch_size if self.enabled else 1}
+                "max_batch_size": self.max_batch_size if self.enabled else 1, "deferred": self.deferred}
 
 
 def declared_batch_dim(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str | None:
@@ -58,11 +63,12 @@ def declared_batch_dim(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
 
 
 def decide_batching(config: BatchingConfig, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                    run: Run | None) -> BatchingDecision:
+                    run: Run | None, shapes: Sequence[ShapeSet] = ()) -> BatchingDecision:
     """The decision for a model with ``config`` (see the module docstring); ``run`` None skips the experiment.
 
-    Blocking (two to a dozen small runs); never raises for the model's sake: a
-    probe that cannot run refuses batching and says why.
+    ``shapes``: the configured served shape sets (``[warmup] shapes``); without them the
+    model's static dims, else the decision is ``deferred``. Blocking (three small runs);
+    never raises for the model's sake: a probe that cannot run refuses batching and says why.
     """
     if not config.enabled:
         return BatchingDecision(False, "not configured ([batching] max_batch_size <= 1)")
@@ -72,30 +78,47 @@ def decide_batching(config: BatchingConfig, inputs: Sequence[TensorSpec], output
     if run is None:
         return BatchingDecision(True, "dim 0 is dynamic on every input and output (not probed)",
                                 config.max_batch_size)
-    mixed = _rows_mix(inputs, run)
+    served = served_shapes(inputs, shapes)
+    if not served:
+        return BatchingDecision(False, DEFERRED, config.max_batch_size, deferred=True)
+    pair, singles = probe_feeds(inputs, served[0])
+    try:
+        alone = [run(feeds) for feeds in singles]
+    except (EdgeRuntimeError, ValueError, RuntimeError) as exc:
+        return verdict(config, f"probe: one row at the served shape fails to run ({str(exc)[:200]})")
+    try:
+        joined = run(pair)
+    except (EdgeRuntimeError, ValueError, RuntimeError) as exc:
+        return verdict(config, f"probe: two rows joined fail to run ({str(exc)[:200]})")
+    return verdict(config, _compare(joined, alone))
+
+
+async def probe_served(config: BatchingConfig, inputs: Sequence[TensorSpec], shapes: ShapeSet,
+                       run: AsyncRun) -> BatchingDecision:
+    """The deferred experiment at a request's ``shapes`` (rows bound to 1), through ``run`` (the
+    scheduler's queue, so it shares the device worker with real requests instead of racing them)."""
+    pair, singles = probe_feeds(inputs, shapes)
+    try:
+        alone = [await run(feeds) for feeds in singles]
+        joined = await run(pair)
+    except (EdgeRuntimeError, ValueError, RuntimeError) as exc:
+        return verdict(config, f"probe at the first request's shapes failed to run ({str(exc)[:200]})")
+    return verdict(config, _compare(joined, alone))
+
+
+def verdict(config: BatchingConfig, mixed: str | None) -> BatchingDecision:
+    """The decision from the experiment's finding (None: rows are independent)."""
     if mixed is not None:
         return BatchingDecision(False, mixed)
     return BatchingDecision(True, "probed: two rows run joined equal the rows run one at a time",
                             config.max_batch_size)
 
 
-def _rows_mix(inputs: Sequence[TensorSpec], run: Run) -> str | None:
-    """None when rows are independent; else what the experiment found."""
-    last_error = "no probe ran"
-    for size in _FREE_DIM_SIZES:
-        pair = _sample(inputs, rows=2, free=size)
-        singles = [{name: array[i:i + 1] for name, array in pair.items()} for i in range(2)]
-        try:
-            alone = [run(feeds) for feeds in singles]
-        except (EdgeRuntimeError, ValueError, RuntimeError) as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-            continue  # this size does not fit the model: try the next
-        try:
-            joined = run(pair)
-        except (EdgeRuntimeError, ValueError, RuntimeError) as exc:
-            return f"probe: two rows joined fail to run ({str(exc)[:200]})"
-        return _compare(joined, alone)
-    return f"probe: no input size ran one row ({last_error[:200]})"
+def probe_feeds(inputs: Sequence[TensorSpec], shapes: ShapeSet) -> tuple[dict[str, np.ndarray],
+                                                                            list[dict[str, np.ndarray]]]:
+    """Two different seeded rows at ``shapes`` joined into one batch, and each row alone."""
+    pair = _sample(inputs, rows=2, shapes=shapes)
+    return pair, [{name: array[i:i + 1] for name, array in pair.items()} for i in range(2)]
 
 
 def _compare(joined: Mapping[str, np.ndarray], alone: Sequence[Mapping[str, np.ndarray]]) -> str | None:
@@ -128,15 +151,15 @@ def _max_diff(got: np.ndarray, expected: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))) if got.size else 0.0
 
 
-def _sample(inputs: Sequence[TensorSpec], *, rows: int, free: int) -> dict[str, np.ndarray]:
-    """Seeded inputs with ``rows`` rows: symbolic dims bound once across inputs, unknown ones to ``free``."""
+def _sample(inputs: Sequence[TensorSpec], *, rows: int, shapes: ShapeSet) -> dict[str, np.ndarray]:
+    """Seeded inputs with ``rows`` rows and the other dims of ``shapes`` (declared dims where it names none)."""
     rng = np.random.default_rng(_SEED)
-    bound: dict[str, int] = {}
     feeds = {}
     for spec in inputs:
-        shape = [rows] + [d if isinstance(d, int) else bound.setdefault(d, free) if isinstance(d, str) else free
-                          for d in spec.shape[1:]]
-        feeds[spec.name] = _values(rng, spec.dtype, shape)
+        served = shapes.get(spec.name)
+        rest = list(served[1:]) if served is not None else [d if isinstance(d, int) and d > 0 else 1
+                                                            for d in spec.shape[1:]]
+        feeds[spec.name] = _values(rng, spec.dtype, [rows, *rest])
     return feeds
 
 

@@ -11,7 +11,17 @@ Plans offered for a model:
   and the host, where it finds one with stages on both (a multi-stage
   ``PlanExecutor``: a stage that fails re-runs on the host, reported in the
   result's ``fallback``);
+* under the default ``fixed`` policy on ``auto``, for a model ``auto`` placed by its measured
+  race: the candidates measured close to the winner, and ``cpu`` (``recheck.candidate_plans``),
+  which ``recheck.PlanRecheck`` compares with the served plan from live latencies;
 * ``extra_plans`` from the caller (a cloud plan; a ``"hybrid"`` there replaces ours).
+
+Where ``auto`` chose the model's plan by measurement (its load report's
+``decision``, ``edge_runtime.plan_race``), only the candidates measured within
+its margin of the winner are compiled as extra plans: a plan measured far
+slower would never be chosen, and compiling it costs memory and, for a GPU
+plan, maps the GPU driver (PoCL, LLVM, libclang: ~100 MiB resident) into a
+daemon whose models all run on the CPU.
 
 CPU plans are compiled with the intra-op threads of ``workers.cpu_split``, so
 the cpu worker's concurrent runs never oversubscribe the cores. Models of one
@@ -34,10 +44,12 @@ from edge_runtime.errors import (
     ModelLoadError,
 )
 from edge_runtime.load_monitor import LoadConfig, LoadMonitor
-from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
+from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching, probe_served
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
+from edge_runtime.scheduler.recheck import candidate_plans, plan_recheck
 from edge_runtime.scheduler.scheduler import ModelScheduler
+from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
 from edge_runtime.scheduler.workers import DeviceWorkers
 
 log = logging.getLogger(__name__)
@@ -78,17 +90,22 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans[model.backend] = model_plan(model.backend, own)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
+    if config.scheduler.policy == "fixed" and wanted == "auto":  # auto-core: auto's candidates, re-checked live
+        candidates, compiled = candidate_plans(runtime, model, _serving(runtime, threads))
+        plans.update(candidates)
+        owned.extend(compiled)
     if needs_more and _is_onnx(model):
-        if "cpu" not in plans and runtime.availability("cpu").ok:
+        worth = _worth_keeping(model)
+        if "cpu" not in plans and "cpu" in worth and runtime.availability("cpu").ok:
             cpu = _load(runtime, model, "cpu", threads)
             owned.append(cpu)
             plans["cpu"] = model_plan("cpu", cpu)
-        if not any(name in GPU_BACKENDS for name in plans):
+        if not any(name in GPU_BACKENDS for name in plans) and "gpu" in worth:
             gpu = _first_gpu_model(runtime, model, threads)
             if gpu is not None:
                 owned.append(gpu)
                 plans["gpu"] = model_plan("gpu", gpu)
-        if "hybrid" not in (extra_plans or {}):
+        if "hybrid" not in (extra_plans or {}) and "hybrid" in worth:
             hybrid = _hybrid_plan(runtime, model, threads)
             if hybrid is not None:
                 owned.append(hybrid)
@@ -96,23 +113,66 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     plans.update(extra_plans or {})
     batching = _batching(model, config, plans[model.backend])
     try:
-        return ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
-                              workers=workers, default_plan=model.backend, owned=owned, batching=batching)
+        scheduler = ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
+                                   workers=workers, default_plan=model.backend, owned=owned, batching=batching,
+                                   recheck=plan_recheck(model.name, config, plans, model.backend))
     except ConfigError:
         for extra in owned:
             extra.close()
         raise
+    if batching.deferred:
+        _defer_batching(scheduler, model, config, model.backend)
+    return scheduler
+
+
+def _worth_keeping(model: Any) -> frozenset[str]:
+    """The extra plan kinds worth compiling for ``model``: all of them without a measured decision;
+    with one, the winner and the candidates measured within its margin (see the module docstring)."""
+    decision = getattr(getattr(model, "report", None), "decision", None)
+    if decision is None:
+        return frozenset(("cpu", "gpu", "hybrid"))
+    close = {entry.name for entry in decision.close_candidates()}
+    kept = frozenset(n for n in ("cpu", "gpu", "hybrid") if n in close or n == decision.winner)
+    dropped = sorted({"cpu", "gpu", "hybrid"} - kept - {model.backend})
+    if dropped:
+        log.info("model %s: plans %s not compiled: measured slower than %s by more than the margin (%s)",
+                 model.name, dropped, decision.winner, decision.reason)
+    return kept
 
 
 def _batching(model: Any, config: ModelConfig, plan: Plan) -> BatchingDecision:
-    """The load-time batching experiment on the model's own plan; a refusal of configured batching warns."""
-    decision = decide_batching(config.batching, model.inputs, model.outputs, plan.run)
-    if config.batching.enabled and not decision.enabled:
+    """The load-time batching experiment on the model's own plan at its served shapes; a refusal of
+    configured batching warns; without served shapes the experiment waits for the first request."""
+    from edge_runtime.warmup import warmup_config
+
+    shapes = warmup_config(config.extra.get("warmup"), config.source).shapes
+    decision = decide_batching(config.batching, model.inputs, model.outputs, plan.run, shapes)
+    if decision.deferred:
+        log.info("model %s: %s", model.name, decision.reason)
+    elif config.batching.enabled and not decision.enabled:
         log.warning("model %s: [batching] max_batch_size = %d configured, but batching is off: %s",
                     model.name, config.batching.max_batch_size, decision.reason)
     elif decision.enabled:
         log.info("model %s: batching up to %d rows (%s)", model.name, decision.max_batch_size, decision.reason)
     return decision
+
+
+def _defer_batching(scheduler: ModelScheduler, model: Any, config: ModelConfig, plan: str) -> None:
+    """Run the batching experiment at the first request's shapes, through the scheduler's own queue."""
+
+    async def probe(shapes: Mapping[str, tuple[int, ...]]) -> None:
+        async def run(feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+            return (await scheduler.infer(feeds, plan=plan, priority=DEFERRED_PRIORITY)).outputs
+
+        decision = await probe_served(config.batching, model.inputs, shapes, run)
+        scheduler.set_batching(decision)
+        if decision.enabled:
+            log.info("model %s: batching up to %d rows (%s)", model.name, decision.max_batch_size, decision.reason)
+        else:
+            log.warning("model %s: [batching] max_batch_size = %d configured, but batching is off: %s",
+                        model.name, config.batching.max_batch_size, decision.reason)
+
+    scheduler.defer_until_shapes(probe)
 
 
 def _is_onnx(model: Any) -> bool:
@@ -130,9 +190,12 @@ def serving_options(runtime: Any) -> CompileOptions:
     return dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
 
 
+def _serving(runtime: Any, threads: int) -> CompileOptions:
+    return dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
+
+
 def _load(runtime: Any, model: Any, backend: str, threads: int) -> Any:
-    options = dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
-    return runtime.load(model.path, name=model.name, backend=backend, options=options)
+    return runtime.load(model.path, name=model.name, backend=backend, options=_serving(runtime, threads))
 
 
 def _hybrid_plan(runtime: Any, model: Any, threads: int) -> Any | None:

@@ -41,7 +41,9 @@ from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import Plan, plan_device, plan_kind
 from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, make_policy
 from edge_runtime.scheduler.queue import RequestQueue
+from edge_runtime.scheduler.recheck import PlanRecheck
 from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
+from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY, ShapeJob, ShapeJobs
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
 
@@ -69,7 +71,8 @@ class ModelScheduler:
                  choose_plan: PlanChooser | None = None, *, outputs: list[TensorSpec] | None = None,
                  monitor: LoadMonitor | None = None, workers: DeviceWorkers | None = None,
                  policy: Policy | None = None, default_plan: str | None = None,
-                 owned: Sequence[Any] = (), batching: BatchingDecision | None = None) -> None:
+                 owned: Sequence[Any] = (), batching: BatchingDecision | None = None,
+                 recheck: PlanRecheck | None = None) -> None:
         if not plans:
             raise ValueError("a scheduler needs at least one plan")
         self.name = name
@@ -77,6 +80,7 @@ class ModelScheduler:
         self.plans = dict(plans)
         self.config = config
         self.policy = policy or make_policy(config.scheduler, self.plans, default_plan)
+        self.recheck = recheck  # abandons the served plan for a candidate measured faster (recheck.py)
         self._chooser = choose_plan
         self._monitor = monitor
         self._own_workers = workers is None
@@ -100,6 +104,7 @@ class ModelScheduler:
         self._owned = list(owned)
         # Guards the queue, counters, policy and sizer: the loop and the device workers' threads share them.
         self._lock = threading.RLock()
+        self._shape_jobs = ShapeJobs(name, self.inputs)  # load work waiting for the first request's shapes
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -119,6 +124,7 @@ class ModelScheduler:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._shape_jobs.cancel()
         if self._own_workers:
             self._workers.close()
         self.discard()
@@ -135,6 +141,17 @@ class ModelScheduler:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def defer_until_shapes(self, job: ShapeJob) -> None:
+        """Run ``job(shapes)`` once, in the background, at the first request's shapes (``shape_jobs.py``);
+        its requests should use ``DEFERRED_PRIORITY``. A job's failure is logged, never raised."""
+        self._shape_jobs.add(job)
+
+    def set_batching(self, decision: BatchingDecision) -> None:
+        """Serve by ``decision`` from now on (the deferred batching experiment's outcome)."""
+        with self._lock:
+            self.batching_decision = decision
+            self.batching = decision.enabled
 
     # -- requests ----------------------------------------------------------------
     @property
@@ -166,6 +183,8 @@ class ModelScheduler:
         if self._loop is None:
             await self.start()
         self._pump()
+        if self._shape_jobs.waiting and priority != DEFERRED_PRIORITY:
+            self._shape_jobs.start(arrays)
         try:
             if deadline is None:
                 return await future
@@ -192,7 +211,8 @@ class ModelScheduler:
             return Decision(self._chooser(self.plans, head), "choose_plan hook")
         rows = min(self._queue.rows_waiting(), self._sizer.limit) if self.batching else (head.rows or 1)
         waits = {n: self._workers.worker(d).wait_runs() for n, d in self._devices.items()}
-        return self.policy.choose(DecisionContext(self._reading(), waits, max(1, rows)))
+        decision = self.policy.choose(DecisionContext(self._reading(), waits, max(1, rows)))
+        return decision if self.recheck is None else self.recheck.override(decision)
 
     def _pump(self) -> None:
         """On the loop: dispatch every batch that can go now; arrange to be called again when more can."""
@@ -317,11 +337,13 @@ class ModelScheduler:
             if isinstance(outcome, BaseException):
                 self.counters["failures"] += len(batch)
                 self.policy.observe(decision.plan, 0.0, sum(rows), reading, ok=False)
+                self._recheck_observe(decision.plan, 0.0, sum(rows), ok=False)
             else:
                 parts, started, finished, ran, failure = outcome
                 fallback = failure.reason if failure is not None else None
                 compute_ms = (finished - started) * 1e3
                 self.policy.observe(decision.plan, compute_ms, sum(rows), reading, ok=fallback is None)
+                self._recheck_observe(decision.plan, compute_ms, sum(rows), ok=fallback is None)
                 self._sizer.observe(sum(rows), compute_ms)
                 self._count(decision, len(batch), sum(rows), fallback)
         if isinstance(outcome, BaseException):
@@ -339,6 +361,19 @@ class ModelScheduler:
                     retried=failure is not None and failure.retried,
                     ran_twice=failure is not None and failure.maybe_ran,
                     fallback_labels=failure.labels if failure is not None else None))
+
+    def _recheck_observe(self, plan: str, compute_ms: float, rows: int, ok: bool) -> None:
+        if self.recheck is None:
+            return
+        before = sum(self.recheck.abandoned.values())
+        self.recheck.observe(plan, compute_ms, rows, ok)
+        if sum(self.recheck.abandoned.values()) != before:
+            self.counters["abandoned"] += 1
+
+    def abandoned(self) -> dict[tuple[str, str], int]:
+        """(plan, reason) -> times the re-check abandoned that plan (``edge_runtime_plan_abandoned_total``)."""
+        with self._lock:
+            return dict(self.recheck.abandoned) if self.recheck is not None else {}
 
     def _count(self, decision: Decision, requests: int, rows: int, fallback: str | None) -> None:
         self.counters[f"plan:{decision.plan}"] += requests
@@ -368,5 +403,6 @@ class ModelScheduler:
         with self._lock:
             return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
                     "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
-                    "estimates_ms": self.policy.estimates_ms(), **dict(self.counters)}
+                    "estimates_ms": self.policy.estimates_ms(), **dict(self.counters),
+                    **({"recheck": self.recheck.snapshot()} if self.recheck is not None else {})}
 

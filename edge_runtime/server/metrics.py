@@ -15,6 +15,7 @@ them the same). Our own counters are typed counters (``edge_runtime_plan_total``
 | nv_inference_queue_duration_us, nv_inference_compute_infer_duration_us, nv_inference_request_duration_us | cumulative µs |
 | edge_runtime_plan_total{model,version,plan} | requests per plan the scheduler chose |
 | edge_runtime_backend_fallback_total{model,backend,reason} | requests whose stage re-ran on cpu |
+| edge_runtime_plan_abandoned_total{model,version,plan,reason} | served plans abandoned for a candidate measured faster live (``scheduler.recheck``) |
 | edge_runtime_cloud_calls_total{model,outcome} | cloud calls: outcome ``ok`` or the failure kind (refused, timeout, breaker_open, ...) |
 | edge_runtime_cloud_breaker_state{state} | 1 for the cloud circuit breaker's state (closed, open, half_open), 0 for the others |
 | edge_runtime_cloud_breaker_opened_total, edge_runtime_cloud_breaker_rejected_total | times it opened; calls it refused |
@@ -127,10 +128,17 @@ class ServerCollector:
                 fallback_totals[key] = fallback_totals.get(key, 0) + count
         for key, count in sorted(fallback_totals.items()):
             fallbacks.add_metric(list(key), count)
+        abandoned = CounterMetricFamily("edge_runtime_plan_abandoned",
+                                        "Times a served plan was abandoned for a candidate measured faster live",
+                                        labels=("model", "version", "plan", "reason"))
+        for served in self._repository.served():
+            scheduler = served.scheduler
+            for (plan, reason), count in sorted(scheduler.abandoned().items() if scheduler is not None else ()):
+                abandoned.add_metric([served.name, str(served.version), plan, reason], count)
         tasks = GaugeMetricFamily("edge_runtime_async_tasks", "Async tasks kept, by status", labels=("status",))
         for status, count in sorted(self._task_counts().items()):
             tasks.add_metric([status], count)
-        yield from (plans, fallbacks, tasks)
+        yield from (plans, fallbacks, abandoned, tasks)
 
     def _cloud(self) -> Iterable[Metric]:
         services = self._repository.services

@@ -104,8 +104,18 @@ async def model_metadata(request: web.Request) -> web.Response:
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
                          "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
                          "cloud_mode": target.dispatcher.cloud.mode,
-                         "batching": _batching(target)},
+                         "batching": _batching(target), "auto_decision": _auto_decision(target)},
     })
+
+
+def _auto_decision(target: LoadedVersion) -> dict[str, Any] | None:
+    """``auto``'s race (estimate and measurement per candidate) and the live re-check, when auto chose."""
+    decision = getattr(getattr(target.model, "report", None), "decision", None)
+    scheduler = target.scheduler
+    recheck = scheduler.recheck.snapshot() if scheduler is not None and scheduler.recheck is not None else None
+    if decision is None and recheck is None:
+        return None
+    return {**(decision.to_dict() if decision is not None else {}), "recheck": recheck}
 
 
 def _batching(target: LoadedVersion) -> dict[str, Any]:

@@ -324,7 +324,8 @@ class ModelRepository:
             return generative_version(name, version, path.parent, config, serving, self.runtime, services,
                                       self.budget, self.memory.footprint_factor)
         try:
-            model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime))
+            model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime),
+                                      input_shapes=_configured_shapes(config))
         except CANNOT_LOAD_HERE as exc:
             # build_dispatcher re-raises exc unless the model's [cloud] section lets the peer answer alone.
             dispatcher = build_dispatcher(name, path, None, config, self.runtime, services, local_error=exc)
@@ -384,6 +385,15 @@ async def _warm_request_path(loaded: LoadedVersion) -> None:
     scheduler = loaded.dispatcher.scheduler
     if loaded.extras is not None and scheduler is not None:
         await warm_request_path(scheduler, loaded.model.inputs, loaded.extras.warmup)
+
+
+def _configured_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]] | None:
+    """The first ``[warmup] shapes`` set: the shape ``auto`` measures its candidates at (None: the
+    runtime's own choice, ``edge_runtime.served_shapes``)."""
+    from edge_runtime.warmup import warmup_config
+
+    shapes = warmup_config(config.extra.get("warmup"), config.source).shapes
+    return dict(shapes[0]) if shapes else None
 
 
 def _sum_parts(parts: Any) -> dict[str, int]:

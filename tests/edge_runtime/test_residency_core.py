@@ -140,9 +140,16 @@ def test_warm_up_runs_every_plan_on_every_configured_shape() -> None:
         assert plan.shapes == [(1, 3, 8), (1, 3, 8), (2, 3, 16), (2, 3, 16)]
     assert set(report.first_run_ms) == {"cpu", "gpu"} and all(len(v) == 2 for v in report.first_run_ms.values())
     assert report.done
+    # Without [warmup] shapes, a dynamic dim besides dim 0 is never bound to an arbitrary size:
+    # warm-up waits for the first request's shapes; static dims are used as they are (dim 0 = 1 row).
     default = CountingPlan()
-    warm_up({"cpu": default}, specs, WarmupConfig())
-    assert default.shapes == [(1, 3, 1)]
+    report = warm_up({"cpu": default}, specs, WarmupConfig())
+    assert default.shapes == [] and report.deferred and not report.done
+    static = CountingPlan()
+    report = warm_up({"cpu": static}, [TensorSpec("x", "float32", ("batch", 3, 8))], WarmupConfig())
+    assert static.shapes == [(1, 3, 8)] and not report.deferred
+    one_set = warmup_config({"shapes": {"x": [1, 3, 48]}}, "m")  # a single table is one shape set
+    assert one_set.shapes == ({"x": (1, 3, 48)},)
     assert not warm_up({"cpu": CountingPlan()}, specs, WarmupConfig(enabled=False)).done
 
 

@@ -85,3 +85,73 @@ def test_runtime_calibrates_once_per_device(tmp_path: Path) -> None:
     assert key.startswith("cpu|") and entries[key]["gflops"] == pytest.approx(speed.gflops)
     assert Runtime(RuntimeConfig(cache_dir=tmp_path)).backend_speed("cpu") == speed
     runtime.close()
+
+
+# -- figures a fuser cannot fake, and sanity bounds ---------------------------------------
+@pytest.mark.requires_opencl
+def test_a_fusing_backend_keeps_the_chain_apart_and_calibrates_a_real_launch_cost(opencl_backend) -> None:
+    """The OpenCL fuser merged the old Add chains into one kernel (0.0 us per node, thousands of GB/s)."""
+    import numpy as np
+
+    from edge_runtime.planning import micro_models
+    from edge_runtime.planning.calibration_bounds import HOST_BANDWIDTH_SLACK, host_bandwidth_gbps
+
+    executable = opencl_backend.compile(micro_models.add_chain(16, 8), OPTIONS)
+    try:
+        feeds = {"x": np.arange(16, dtype=np.float32)}
+        kernels = executable.profile(feeds, repeats=1)
+        np.testing.assert_allclose(executable.run(feeds)["y"], 9 * feeds["x"])  # x + 8 more x
+    finally:
+        executable.close()
+    assert len(kernels) == 8, f"one kernel per chain node, not fused: {[k['kernel'] for k in kernels]}"
+    speed = measure_speed(opencl_backend, OPTIONS, on_host=False)
+    assert speed.launch_us > 0, "a chain of k nodes costs more than one"
+    assert 0 < speed.mem_gbps <= HOST_BANDWIDTH_SLACK * host_bandwidth_gbps()
+    assert speed.copy_gbps is not None and 0 < speed.copy_gbps <= HOST_BANDWIDTH_SLACK * host_bandwidth_gbps()
+    assert speed.stage_us >= 0 and speed.copy_latency_us >= 0
+
+
+def test_figures_out_of_bounds_are_measured_again_then_refused_by_name(monkeypatch, caplog) -> None:
+    from edge_runtime.planning import calibration
+
+    sane = {"gflops": 50.0, "mem_gbps": 5.0, "launch_us": 2.0, "stage_us": 10.0, "copy_gbps": None,
+            "copy_latency_us": 0.0, "conv_gflops": 40.0}
+    passes = [{**sane, "launch_us": 0.0, "mem_gbps": 3813.0},  # what the fused chains gave
+              {**sane, "launch_us": 0.0, "mem_gbps": 6.0}]    # again: bandwidth sane now, launch still 0
+    monkeypatch.setattr(calibration, "_measure_figures", lambda *args: dict(passes.pop(0)))
+    monkeypatch.setattr(calibration, "host_bandwidth_gbps", lambda elements: 50.0)
+    with caplog.at_level(logging.INFO, logger="edge_runtime.planning.calibration"):
+        speed = measure_speed(CPUBackend(), OPTIONS, on_host=True)
+    assert passes == [], "measured exactly twice"
+    assert speed.mem_gbps == 6.0, "the second measurement stands where it is in bounds"
+    assert speed.launch_us == default_speed("cpu", on_host=True).launch_us
+    assert speed.gflops == 50.0 and speed.conv_gflops == 40.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "refusing figure launch_us" in warnings[0], warnings
+
+
+def test_bandwidth_beyond_the_host_is_refused(monkeypatch, caplog) -> None:
+    from edge_runtime.planning import calibration
+
+    impossible = {"gflops": 50.0, "mem_gbps": 210.0, "launch_us": 2.0, "stage_us": 10.0, "copy_gbps": 400.0,
+                  "copy_latency_us": 5.0, "conv_gflops": None}
+    monkeypatch.setattr(calibration, "_measure_figures", lambda *args: dict(impossible))
+    monkeypatch.setattr(calibration, "host_bandwidth_gbps", lambda elements: 59.0)
+    with caplog.at_level(logging.WARNING):
+        speed = measure_speed(CPUBackend(), OPTIONS, on_host=False)
+    defaults = default_speed("cpu", on_host=False)
+    assert (speed.mem_gbps, speed.copy_gbps) == (defaults.mem_gbps, defaults.copy_gbps)
+    assert "refusing figure mem_gbps" in caplog.text and "refusing figure copy_gbps" in caplog.text
+    assert "59.0 GB/s" in caplog.text
+
+
+def test_a_cached_impossible_figure_is_measured_again(tmp_path: Path, caplog) -> None:
+    from edge_runtime.planning.calibration import _FORMAT
+
+    (tmp_path / CACHE_FILE).write_text(json.dumps({f"cpu|k|v{_FORMAT}": {
+        "backend": "cpu", "gflops": 50.0, "mem_gbps": 3813.0, "launch_us": 0.0, "stage_us": 1.0}}))
+    with caplog.at_level(logging.WARNING):
+        speed = cached_speed(CPUBackend(), "k", tmp_path, OPTIONS, True,
+                             lambda b, o, h: measure_speed(b, o, h, budget_s=0.3))
+    assert "unusable" in caplog.text and "launch_us" in caplog.text
+    assert speed.launch_us > 0 and speed.mem_gbps < 3813.0

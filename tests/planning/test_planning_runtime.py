@@ -60,6 +60,9 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(rt, "accelerator", lambda: "restricted")
     speeds = {"cpu": HOST_SPEED, "restricted": accel_speed("restricted")}
     monkeypatch.setattr(rt, "backend_speed", lambda name: speeds[name])
+    # Pinned speeds test the estimate logic; the measured race of auto has its own tests
+    # (test_auto_measured.py), on the real backends with real calibration.
+    monkeypatch.setattr(rt, "measured_choice", lambda *args, **kwargs: None)
     yield rt
     rt.close()
 
@@ -130,6 +133,7 @@ def test_real_ocr_models_split_across_backends_equal_onnxruntime(tmp_path: Path,
     monkeypatch.setitem(rt._backends, "restricted", (accel, Availability.yes("fake accelerator")))
     monkeypatch.setattr(rt, "accelerator", lambda: "restricted")
     monkeypatch.setattr(rt, "backend_speed", lambda n: {"cpu": HOST_SPEED, "restricted": accel_speed(n)}[n])
+    monkeypatch.setattr(rt, "measured_choice", lambda *args, **kwargs: None)  # the split is what is tested
     x = np.random.default_rng(0).random(shape, dtype=np.float32)
     model = rt.load(OCR[kind], input_shapes={"x": shape})
     assert set(model.backend_nodes) == {"restricted", "cpu"}, "a mixed plan"
@@ -171,6 +175,13 @@ def test_cli_plan_json_lists_stages_with_costs_and_boundaries(model_path: Path, 
     assert {t["name"]: t["bytes"] for t in stage["outputs"]} == {"logits": 2 * 5 * 4, "aux": 2 * 8 * 8 * 8 * 4}
     text = cli("plan", str(model_path), "--plan", "cpu", cache=cli_cache).stdout
     assert "plan cpu" in text and "x (1.0 KB)" in text  # batch 1 when no --shape binds it
+    decision = report["auto_decision"]  # None only where no accelerator is in the backend order
+    if decision is not None:
+        assert decision["shapes"] == {"x": [2, 4, 8, 8]}
+        by_name = {c["name"]: c for c in decision["candidates"]}
+        assert by_name["cpu"]["est_ms"] > 0 and by_name["cpu"]["measured_ms"] > 0, "cpu is always timed"
+        assert decision["winner"] in by_name and by_name[decision["winner"]]["measured_ms"] is not None
+        assert "measured" in text or "auto, measured" in cli("plan", str(model_path), cache=cli_cache).stdout
 
 
 def test_cli_run_plan_reports_the_plan_and_equals_onnxruntime(model_path: Path, tmp_path: Path,
@@ -207,14 +218,26 @@ def test_cli_backend_auto_runs_a_mixed_opencl_plan_on_a_real_model(opencl_backen
     assert rt.accelerator() == "opencl"
     rt.backend_speed("cpu"), rt.backend_speed("opencl")  # writes the real calibration
     rt.close()
+    from edge_runtime.planning.calibration_bounds import host_bandwidth_gbps
+
+    host_gbps = host_bandwidth_gbps()  # bandwidth figures beyond 2x this are refused as impossible
     entries = json.loads((tmp_path / CACHE_FILE).read_text())
     for key, entry in entries.items():
         if key.startswith("opencl|"):
             entry.update(gflops=1e3, conv_gflops=1e3, mem_gbps=1.0, launch_us=1.0, stage_us=3000.0,
-                         copy_gbps=1e3, copy_latency_us=0.1)
+                         copy_gbps=host_gbps, copy_latency_us=0.1)
         else:  # a cpu slow at compute: the conv-heavy middle of the model pays for the move
-            entry.update(gflops=2.0, conv_gflops=2.0, mem_gbps=100.0, launch_us=1.0, stage_us=1.0)
+            entry.update(gflops=2.0, conv_gflops=2.0, mem_gbps=host_gbps, launch_us=1.0, stage_us=1.0)
     (tmp_path / CACHE_FILE).write_text(json.dumps(entries))
+    # Measured, auto would keep PoCL out; the stored verdict says the estimate's plan won.
+    from edge_runtime.plan_choice import CACHE_FILE as CHOICE_FILE, decision_key
+
+    proto = onnx.load(str(OCR[kind]))
+    key = decision_key(rt, proto, {"x": shape}, rt.compile_options())
+    (tmp_path / CHOICE_FILE).write_text(json.dumps({key: {
+        "winner": "auto", "kind": "plan", "reason": "stored", "shapes": {"x": list(shape)},
+        "candidates": [{"name": "auto", "kind": "plan", "backends": ["opencl", "cpu"], "est_ms": 1.0,
+                        "measured_ms": 1.0}]}}))
     x = np.random.default_rng(1).random(shape, dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     report = json.loads(cli("run", str(OCR[kind]), "--backend", "auto", "--input", f"x={tmp_path / 'x.npy'}",
