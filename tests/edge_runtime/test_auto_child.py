@@ -83,3 +83,24 @@ def test_a_cpu_winning_model_never_maps_the_gpu_driver(tmp_path: Path, kind: str
     again = _load_in_fresh_process(path, tmp_path / "cache")
     assert again["decision"]["where"] == "cache" and again["backend"] == "cpu"
     assert not again["pocl_mapped"] and again["warnings"] == []
+
+
+def test_a_race_child_that_fails_leaves_the_model_on_cpu_and_caches_nothing(tmp_path: Path, monkeypatch,
+                                                                            caplog) -> None:
+    """The child cannot read the model (gone after the parent parsed it): cpu, a WARNING, no cache entry."""
+    import logging
+
+    from edge_runtime import plan_choice
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.model_zoo import build_mlp
+    from edge_runtime.runtime import Runtime
+
+    monkeypatch.setattr(plan_choice, "gpu_driver_loaded", lambda: False)  # other tests may have mapped PoCL here
+    rt = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", backend_order=("opencl", "cpu"), probe_opencl=False))
+    proto = build_mlp()
+    with caplog.at_level(logging.WARNING, logger="edge_runtime.plan_choice"):
+        decision = plan_choice.decide_plan(rt, tmp_path / "gone.onnx", proto, rt.compile_options(), None)
+    assert decision is not None and decision.winner == "cpu" and "race failed" in decision.reason
+    assert "race child" in caplog.text and "gone.onnx" in caplog.text
+    assert not (tmp_path / "cache" / plan_choice.CACHE_FILE).exists(), "a failure is not remembered"
+    rt.close()

@@ -3,7 +3,7 @@ models, the plan it loads runs within 1.1x of the best fixed plan, measured inte
 
 This checks the *choice* (a wrong pick is 1.5-3x off here), not a speed: both
 sides run on the same machine in the same rounds, the figure is the median of
-per-round bests, and a miss is measured once more before it fails.
+per-round bests, and a miss is measured again (up to three runs of rounds) before it fails.
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ def test_auto_is_within_a_tenth_of_the_best_fixed_plan(runtime: Any, tmp_path: P
         for key, value in model.run(feeds).items():
             np.testing.assert_allclose(value, want[key], rtol=1e-3, atol=1e-4)
     runners = {"auto": lambda: auto.run(feeds), **{p: (lambda m=m: m.run(feeds)) for p, m in fixed.items()}}
-    for attempt in range(2):  # a miss is measured once more: the machine is shared and drifts
+    # A miss is measured again (twice): on a shared 2-core box two instances of one plan differ by up to
+    # 20% in a run of rounds; a wrong choice is off by 1.5-3x in every run.
+    for attempt in range(3):
         p50 = race_runners(runners, budget_s=1e9, rounds=ROUNDS, runs_per_round=3)  # rotating interleaved rounds
         best = min(v for k, v in p50.items() if k != "auto")
         if p50["auto"] <= MARGIN * best:
