@@ -1,0 +1,227 @@
+"""Per-family image preprocessing: one RGB image -> vision encoder feeds + the prompt text it stands for.
+
+The rules come from the model folder's ``preprocessor_config.json`` (and ``config.json`` for
+sizes the graphs fix), with :class:`VisionBudget` (``[vision]`` in the model's config.toml)
+overriding the image budget. The result equals transformers' (slow, PIL) image processors:
+the same PIL resampling, then rescale and normalise through a per-channel lookup table that
+does transformers' float arithmetic on each of the 256 byte values, so ``pixel_values`` are
+bit-equal, at the cost of one gather per channel.
+
+Families: ``qwen2_vl`` / ``qwen2_5_vl`` (:mod:`.qwen_preprocess`), ``idefics3`` / ``smolvlm``
+(:mod:`.idefics_preprocess`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from edge_runtime.errors import ConfigError, InvalidInputError, ModelLoadError
+
+if TYPE_CHECKING:
+    import os
+
+    from PIL import Image
+
+    from edge_runtime.generation.vision.images import ImageAccess
+
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+IDEFICS_FAMILIES = ("idefics3", "smolvlm")
+FAMILIES = QWEN_FAMILIES + IDEFICS_FAMILIES
+
+# transformers writes PILImageResampling as its int value; names are accepted too.
+_RESAMPLE_NAMES = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
+
+
+@dataclass(frozen=True)
+class VisionBudget:
+    """The image budget of ``[vision]`` in config.toml; ``None`` keeps preprocessor_config.json's value.
+
+    ``min_pixels`` / ``max_pixels``: the Qwen family's resize bounds (pixels of the resized image).
+    ``longest_edge`` / ``split_image``: Idefics3/SmolVLM's resize target and tiling switch.
+    """
+
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    longest_edge: int | None = None
+    split_image: bool | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("min_pixels", "max_pixels", "longest_edge"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"[vision] {key} must be a positive integer, got {value!r}")
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ConfigError(f"[vision] min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
+        if self.split_image is not None and not isinstance(self.split_image, bool):
+            raise ConfigError(f"[vision] split_image must be true or false, got {self.split_image!r}")
+
+
+@dataclass(frozen=True)
+class ProcessedImage:
+    """One image ready for the vision encoder.
+
+    ``feeds``: the vision_encoder inputs for this image alone, keyed by graph input name.
+    ``num_tokens``: rows of ``image_features`` it yields == image tokens in ``prompt_text``.
+    ``grid_thw``: Qwen's (t, h, w) in patches, else None. ``prompt_text``: what replaces this
+    image's placeholder in the rendered prompt.
+    """
+
+    feeds: dict[str, np.ndarray]
+    num_tokens: int
+    grid_thw: tuple[int, int, int] | None
+    prompt_text: str
+
+
+class ImageProcessor:
+    """Base of the per-family processors: ``process`` one image, ``expand`` a rendered prompt."""
+
+    family: str
+    placeholder: str  # what the chat template writes for one image
+
+    def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
+        """Feeds and prompt text for one RGB image; InvalidInputError (starting with ``where``) if unusable."""
+        raise NotImplementedError
+
+    def expand(self, text: str, images: Sequence[ProcessedImage], where: str = "prompt") -> str:
+        """Replace the placeholders of ``text``, in order, with each image's ``prompt_text``.
+
+        Raises InvalidInputError when the number of placeholders differs from ``len(images)``.
+        """
+        # Split, not str.replace: an image's prompt text contains the placeholder itself.
+        parts = text.split(self.placeholder)
+        if len(parts) - 1 != len(images):
+            raise InvalidInputError(f"{where}: the prompt has {len(parts) - 1} image placeholder(s) "
+                                    f"{self.placeholder!r} but {len(images)} image(s) were given")
+        out = [parts[0]]
+        for image, part in zip(images, parts[1:]):
+            out.append(image.prompt_text)
+            out.append(part)
+        return "".join(out)
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An input decoded and preprocessed, with its content digest and the two times taken."""
+
+    processed: ProcessedImage
+    digest: bytes
+    decode_s: float
+    preprocess_s: float
+
+
+def prepare_image(source: Image.Image | bytes | str | os.PathLike, where: str, access: ImageAccess,
+                  processor: ImageProcessor) -> PreparedImage:
+    """Decode (``images.load_image``), hash and preprocess one image input, timing each part.
+
+    For the engine's metrics (image decode + preprocess histogram) and prefix-cache keys.
+    """
+    from edge_runtime.generation.vision.images import image_digest, load_image
+
+    start = time.perf_counter()
+    image = load_image(source, where, access)
+    digest = image_digest(image)
+    decoded = time.perf_counter()
+    processed = processor.process(image, where)
+    return PreparedImage(processed, digest, decoded - start, time.perf_counter() - decoded)
+
+
+def image_processor(folder: Path, config: Mapping[str, Any], budget: VisionBudget) -> ImageProcessor:
+    """The processor for a model folder: ``config`` is its config.json, ``budget`` the [vision] overrides.
+
+    Raises ModelLoadError for an unknown family or a missing/invalid preprocessor_config.json.
+    """
+    family = str(config.get("model_type", ""))
+    pre = read_json(Path(folder) / "preprocessor_config.json")
+    if family in QWEN_FAMILIES:
+        from edge_runtime.generation.vision.qwen_preprocess import QwenImageProcessor
+
+        return QwenImageProcessor(family, pre, config, budget)
+    if family in IDEFICS_FAMILIES:
+        from edge_runtime.generation.vision.idefics_preprocess import IdeficsImageProcessor
+
+        processor_config_path = Path(folder) / "processor_config.json"
+        processor_config = read_json(processor_config_path) if processor_config_path.is_file() else {}
+        return IdeficsImageProcessor(family, pre, config, budget, processor_config)
+    raise ModelLoadError(f"{folder}: no image preprocessing for model_type {family!r} "
+                         f"(expected one of {', '.join(FAMILIES)})")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{path}: missing (a vision model folder needs it)") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: expected a JSON object, got unreadable JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def resample_filter(value: Any, default: int, where: str) -> int:
+    """PIL's resampling filter from a preprocessor_config.json ``resample`` value (int or name)."""
+    if value is None:
+        return default
+    if isinstance(value, str) and value.lower() in _RESAMPLE_NAMES:
+        return _RESAMPLE_NAMES[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5:
+        return value
+    raise ModelLoadError(f"{where}: resample must be a PIL filter (0-5 or a name), got {value!r}")
+
+
+def channel_lut(pre: Mapping[str, Any], default_mean: Sequence[float], default_std: Sequence[float],
+                where: str) -> np.ndarray:
+    """[3, 256] float32: each byte value rescaled and normalised per channel, as transformers does.
+
+    transformers rescales as ``float32(uint8 as float64 * factor)`` and normalises as
+    ``(x - mean) / std`` in float32; doing the same on the 256 values makes a gather bit-equal.
+    """
+    values = np.arange(256, dtype=np.float64)
+    if pre.get("do_rescale", True):
+        values = values * float(pre.get("rescale_factor", 1 / 255))
+    lut = np.broadcast_to(values.astype(np.float32), (3, 256))
+    if pre.get("do_normalize", True):
+        mean, std = (_per_channel(pre.get(key), default, key, where)
+                     for key, default in (("image_mean", default_mean), ("image_std", default_std)))
+        if np.any(std == 0):
+            raise ModelLoadError(f"{where}: image_std must be non-zero, got {std.tolist()}")
+        lut = (lut - mean[:, None]) / std[:, None]
+    return np.ascontiguousarray(lut, dtype=np.float32)
+
+
+def normalized_chw(rgb: np.ndarray, lut: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """uint8 [H, W, 3] -> float32 [3, H, W] through ``lut`` (into ``out`` when given)."""
+    if out is None:
+        out = np.empty((3,) + rgb.shape[:2], dtype=np.float32)
+    for channel in range(3):
+        # mode="clip": a uint8 index is always in range, and "raise" would buffer `out`.
+        np.take(lut[channel], rgb[:, :, channel], out=out[channel], mode="clip")
+    return out
+
+
+def _per_channel(value: Any, default: Sequence[float], key: str, where: str) -> np.ndarray:
+    if value is None:
+        value = default
+    if isinstance(value, (int, float)):
+        value = [value] * 3
+    try:
+        array = np.asarray([float(v) for v in value], dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: {key} must be 3 numbers, got {value!r}") from exc
+    if array.shape != (3,):
+        raise ModelLoadError(f"{where}: {key} must be 3 numbers, got {value!r}")
+    return array
+
+
+def config_int(mapping: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    """A positive integer setting of a JSON config (``default`` when absent)."""
+    value = mapping.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelLoadError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,136 @@
+"""Qwen2-VL / Qwen2.5-VL preprocessing, equal to transformers' ``Qwen2VLImageProcessor`` (slow path).
+
+One image is resized (``smart_resize``: sides multiples of patch*merge, area within
+[min_pixels, max_pixels]), rescaled and normalised, repeated ``temporal_patch_size`` times
+(a still image is a video of identical frames), and cut into patches flattened in the
+order the vision encoder expects: rows grouped by merge window, each row
+``[C, T, patch, patch]``. Its prompt text is ``<|image_pad|>`` once per merged patch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from edge_runtime.errors import ConfigError, InvalidInputError, ModelLoadError
+from edge_runtime.generation.vision.preprocess import (
+    ImageProcessor,
+    ProcessedImage,
+    VisionBudget,
+    channel_lut,
+    config_int,
+    normalized_chw,
+    resample_filter,
+)
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+MAX_ASPECT_RATIO = 200
+_BICUBIC = 3
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+                 where: str = "image") -> tuple[int, int]:
+    """(height, width) rounded to multiples of ``factor`` with the area in [min_pixels, max_pixels].
+
+    Same arithmetic as transformers' ``smart_resize`` (Python's round-half-even included).
+    """
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise InvalidInputError(f"{where}: expected an aspect ratio of at most {MAX_ASPECT_RATIO}, got "
+                                f"{width}x{height} ({max(height, width) / min(height, width):.1f})")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+class QwenImageProcessor(ImageProcessor):
+    """``qwen2_vl`` (grid feed ``grid_thw``) and ``qwen2_5_vl`` (grid feed ``image_grid_thw``)."""
+
+    placeholder = "<|image_pad|>"
+
+    def __init__(self, family: str, pre: Mapping[str, Any], config: Mapping[str, Any],
+                 budget: VisionBudget) -> None:
+        where = "preprocessor_config.json"
+        self.family = family
+        self.grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
+        self.patch_size = config_int(pre, "patch_size", 14, where)
+        self.merge_size = config_int(pre, "merge_size", 2, where)
+        self.temporal_patch_size = config_int(pre, "temporal_patch_size", 2, where)
+        vision = config.get("vision_config") or {}
+        for key, vision_key in (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
+                                ("temporal_patch_size", "temporal_patch_size")):
+            if vision_key in vision and vision[vision_key] != getattr(self, key):
+                raise ModelLoadError(f"{where}: {key} {getattr(self, key)} differs from config.json "
+                                     f"vision_config.{vision_key} {vision[vision_key]}")
+        size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
+        # min_pixels/max_pixels win over size{shortest_edge,longest_edge}, as in transformers.
+        self.min_pixels = _first(budget.min_pixels, pre.get("min_pixels"), size.get("shortest_edge"),
+                                 DEFAULT_MIN_PIXELS)
+        self.max_pixels = _first(budget.max_pixels, pre.get("max_pixels"), size.get("longest_edge"),
+                                 DEFAULT_MAX_PIXELS)
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError(f"[vision] min_pixels {self.min_pixels} > max_pixels {self.max_pixels} "
+                              "(the budget and preprocessor_config.json together)")
+        self.do_resize = bool(pre.get("do_resize", True))
+        self.resample = resample_filter(pre.get("resample"), _BICUBIC, where)
+        self.lut = channel_lut(pre, CLIP_MEAN, CLIP_STD, where)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    def resized_size(self, width: int, height: int, where: str = "image") -> tuple[int, int]:
+        """(width, height) an image of this size is resized to."""
+        if not self.do_resize:
+            if height % self.factor or width % self.factor:
+                raise InvalidInputError(f"{where}: expected sides that are multiples of {self.factor} "
+                                        f"(do_resize is off), got {width}x{height}")
+            return width, height
+        resized_h, resized_w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels, where)
+        return resized_w, resized_h
+
+    def num_tokens(self, width: int, height: int) -> int:
+        """Image tokens an image of this size costs (without decoding it)."""
+        resized_w, resized_h = self.resized_size(width, height)
+        return (resized_h // self.patch_size) * (resized_w // self.patch_size) // self.merge_size ** 2
+
+    def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
+        width, height = self.resized_size(*image.size, where=where)
+        if (width, height) != image.size:
+            image = image.resize((width, height), resample=self.resample)
+        chw = normalized_chw(np.asarray(image), self.lut)
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        grid_h, grid_w = height // p, width // p
+        # [C, gh/m, m, p, gw/m, m, p] -> [gh/m, gw/m, m, m, C, p, p]; the frame repeated over T
+        # lands between C and the patch rows, written once by broadcasting.
+        blocks = chw.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+        patches = np.empty((grid_h // m, grid_w // m, m, m, 3, t, p, p), dtype=np.float32)
+        patches[...] = blocks[:, :, :, :, :, None]
+        num_patches = grid_h * grid_w
+        tokens = num_patches // m ** 2
+        return ProcessedImage(
+            feeds={"pixel_values": patches.reshape(num_patches, 3 * t * p * p),
+                   self.grid_name: np.array([[1, grid_h, grid_w]], dtype=np.int64)},
+            num_tokens=tokens, grid_thw=(1, grid_h, grid_w), prompt_text=self.placeholder * tokens)
+
+
+def _first(*values: Any) -> int:
+    value = next(v for v in values if v is not None)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelLoadError(f"preprocessor_config.json: min/max pixels must be positive integers, got {value!r}")
+    return value
