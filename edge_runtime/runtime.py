@@ -27,6 +27,7 @@ from edge_runtime.model import LoadReport, Model
 if TYPE_CHECKING:
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
     from edge_runtime.planning.cost import BackendSpeed
     from edge_runtime.planning.executor import PlanExecutor
     from edge_runtime.planning.plans import Planner
@@ -172,8 +173,11 @@ class Runtime:
         return self._load_auto(name, path, proto, options)
 
     def load_generative(self, folder: str | os.PathLike, name: str | None = None,
-                        settings: "GenerationSettings | None" = None) -> "GenerativeModel":
-        """Load a decoder LLM folder (``optimum`` layout, see ``edge_runtime.generation``).
+                        settings: "GenerationSettings | None" = None,
+                        vision: "VisionSettings | None" = None) -> "GenerativeModel":
+        """Load a decoder LLM folder (``optimum`` layout, see ``edge_runtime.generation``) or a
+        vision-language one (transformers.js layout; its vision encoder is loaded by ``load`` with
+        ``vision.plan``, see ``edge_runtime.generation.vision``).
 
         Raises ModelNotFoundError (no such folder, or not a generative one), ModelLoadError.
         """
@@ -183,8 +187,14 @@ class Runtime:
         folder = Path(folder)
         if not is_generative_folder(folder):
             raise ModelNotFoundError(f"{folder} is not a generative model folder: expected tokenizer.json with "
-                                     "model.onnx + config.json (optimum) or genai_config.json")
-        return load_generative(folder, name, settings, threads=self.threads)
+                                     "model.onnx + config.json (optimum), onnx/decoder_model_merged.onnx + "
+                                     "embed_tokens + vision_encoder (a vision-language model) or genai_config.json")
+        return load_generative(folder, name, settings, threads=self.threads, vision=vision,
+                               vision_loader=self.load_vision_encoder)
+
+    def load_vision_encoder(self, path: Path, plan: str) -> Model:
+        """A VLM's vision encoder as a tensor model: ``plan`` ``auto`` is ``load``'s default choice."""
+        return self.load(path, name=path.stem, plan=None if plan == "auto" else plan)
 
     # -- plans across backends (edge_runtime.planning) -------------------------------
     def accelerator(self) -> str | None:

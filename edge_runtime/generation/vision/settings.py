@@ -10,18 +10,22 @@
     plan = "auto"                 # where the vision encoder runs: cpu, gpu, hybrid, auto (Runtime.load's plans)
     max_images = 8                # images in one request at most
 
-The image budget (``max_pixels``, ``min_pixels``, ``longest_edge``,
-``split_image``) and the fetch allow-list of the same table belong to the
-preprocessing and image-input modules (``preprocess.VisionBudget``,
-``images.ImageAccess``).
+The same table holds the image budget (``max_pixels``, ``min_pixels``,
+``longest_edge``, ``split_image``: ``preprocess.VisionBudget``) and what image
+sources may be read (``allowed_domains``, ``allowed_local_paths``,
+``max_image_bytes``, ``max_image_pixels``, ``fetch_timeout_s``:
+``images.ImageAccess``); ``vision_settings`` reads all three.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from edge_runtime.errors import ConfigError
+from edge_runtime.generation.vision.images import ImageAccess
+from edge_runtime.generation.vision.preprocess import VisionBudget
 
 PARTS = ("decoder", "embed_tokens", "vision_encoder")
 # transformers.js' dtype → file suffix (src/utils/dtypes.js): onnx/<stem><suffix>.onnx
@@ -38,6 +42,8 @@ class VisionSettings:
     precision: str | Mapping[str, str] = field(default_factory=dict)
     plan: str = "auto"
     max_images: int = 8
+    budget: VisionBudget = field(default_factory=VisionBudget)
+    access: ImageAccess = field(default_factory=ImageAccess)
 
     def __post_init__(self) -> None:
         table = self.precision if isinstance(self.precision, Mapping) else dict.fromkeys(PARTS, self.precision)
@@ -62,11 +68,19 @@ ENGINE_KEYS = ("precision", "plan", "max_images")
 
 
 def vision_settings(extra: Mapping[str, Any], where: str) -> VisionSettings:
-    """The engine's keys of a model config's ``[vision]`` table (defaults when absent); the table's
-    other keys are left to the preprocessing and image-input settings."""
+    """A model config's ``[vision]`` table (defaults when absent); ConfigError names the key."""
     from edge_runtime.config import from_mapping
 
     table = extra.get("vision", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: [vision] must be a table")
-    return from_mapping(VisionSettings, {k: v for k, v in table.items() if k in ENGINE_KEYS}, f"{where}: [vision]")
+    groups = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (VisionBudget, ImageAccess)}
+    known = {*ENGINE_KEYS, *groups[VisionBudget], *groups[ImageAccess]}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}: [vision]: unknown key(s) {unknown}; known: {sorted(known)}")
+    context = f"{where}: [vision]"
+    parts = {cls: from_mapping(cls, {k: v for k, v in table.items() if k in names}, context)
+             for cls, names in groups.items()}
+    engine = from_mapping(VisionSettings, {k: v for k, v in table.items() if k in ENGINE_KEYS}, context)
+    return dataclasses.replace(engine, budget=parts[VisionBudget], access=parts[ImageAccess])
