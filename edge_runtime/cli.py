@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_generate_arguments(generate)
     generate.set_defaults(handler=_cmd_generate)
-    convert = sub.add_parser("convert", help="convert an ONNX model for ncnn (pnnx) into the cache, gated")
+    convert = sub.add_parser("convert", help="convert an ONNX model for ncnn (pnnx) into the cache, gated; "
+                                             "or a VLM checkpoint to ONNX (--to onnx --out DIR)")
     from edge_runtime.convert_command import add_convert_arguments  # argparse only: cheap to import
 
     add_convert_arguments(convert)

@@ -1,5 +1,9 @@
 """``edge-runtime convert MODEL --to ncnn [--shape NAME=D,..]``: convert ahead of time.
 
+``edge-runtime convert HF_FOLDER --to onnx --out DIR [--fp16]`` instead writes a
+vision-language checkpoint (transformers folder) as ONNX in the transformers.js layout
+(``edge_runtime.vision_convert``).
+
 Converts an ONNX model with pnnx into the cache (``$EDGE_RUNTIME_CACHE/ncnn/<key>/``)
 and runs the correctness gate, exactly as the first load would; prints the
 folder. Copy that folder into a device's cache (same path under its
@@ -14,12 +18,15 @@ import json
 import sys
 from pathlib import Path
 
-TARGETS = ("ncnn", "ncnn_vulkan")
+TARGETS = ("ncnn", "ncnn_vulkan", "onnx")
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, help="ONNX model file")
-    parser.add_argument("--to", choices=TARGETS, default="ncnn", help="target engine (default ncnn)")
+    parser.add_argument("model", type=Path, help="ONNX model file (--to onnx: a transformers VLM checkpoint folder)")
+    parser.add_argument("--to", choices=TARGETS, default="ncnn",
+                        help="target engine (default ncnn); onnx: a VLM checkpoint to the transformers.js layout")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="--to onnx: the folder to write")
+    parser.add_argument("--fp16", action="store_true", help="--to onnx: also write the parts' _fp16 variants")
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                         help="input NAME's full shape, batch first (repeatable); dynamic dims default "
                              "to batch 1 and 64 otherwise")
@@ -42,9 +49,35 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def run_vlm_convert(args: argparse.Namespace) -> int:
+    from edge_runtime.errors import EdgeRuntimeError
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    if args.out is None:
+        print("edge-runtime convert: --to onnx needs --out DIR (the folder to write)", file=sys.stderr)
+        return 2
+    if not args.model.is_dir():
+        print(f"edge-runtime convert: {args.model} is not a folder; --to onnx expects a transformers checkpoint "
+              "folder (config.json + model.safetensors)", file=sys.stderr)
+        return 2
+    try:
+        out = convert_vlm_folder(args.model, args.out, fp16=args.fp16)
+    except (EdgeRuntimeError, ValueError) as exc:
+        print(f"edge-runtime convert: {exc}", file=sys.stderr)
+        return 1
+    files = sorted(str(p.relative_to(out)) for p in (out / "onnx").iterdir())
+    if args.json:
+        print(json.dumps({"model": str(args.model), "to": "onnx", "folder": str(out), "files": files}, indent=2))
+    else:
+        print(f"{args.model} -> {out} ({', '.join(files)})")
+    return 0
+
+
 def run_convert(args: argparse.Namespace) -> int:
     import dataclasses
 
+    if args.to == "onnx":
+        return run_vlm_convert(args)
     from backends.onnx_graph import graph_inputs, load_onnx
     from edge_runtime.planning.cost import bound_input_shapes
     from edge_runtime.runtime import Runtime

@@ -70,10 +70,16 @@ def random_weights(shape: DecoderShape, seed: int = 0, std: float = 0.2) -> dict
 
 
 class _Decoder:
-    def __init__(self, shape: DecoderShape, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, shape: DecoderShape, weights: dict[str, np.ndarray], inputs_embeds: bool = False,
+                 mrope_section: tuple[int, ...] | None = None) -> None:
         self.s = shape
         self.w = weights
         self.g = _GraphBuilder(0)
+        self.embeds = inputs_embeds
+        self.mrope = tuple(mrope_section) if mrope_section else None
+        if self.mrope and 2 * sum(self.mrope) != shape.head_dim:
+            raise ValueError(f"mrope_section {list(self.mrope)} sums to {sum(self.mrope)}; expected head_dim/2 = "
+                             f"{shape.head_dim // 2}")
 
     def const(self, name: str, value: np.ndarray) -> str:
         return self.g.const(name, value)
@@ -112,19 +118,41 @@ class _Decoder:
         rotated = g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
         return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
 
+    def cos_sin(self) -> tuple[str, str]:
+        """[batch, 1, seq, head_dim] cos and sin gathered from tables by ``position_ids`` [batch, seq]."""
+        g, d = self.g, self.s.head_dim
+        inv_freq = 1.0 / (self.s.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), inv_freq)
+        angles = np.concatenate([angles, angles], axis=-1)
+        axis1 = self.const("axis1", np.array([1], np.int64))
+        tables = [self.const(name, fn(angles).astype(np.float32)) for name, fn in (("cos", np.cos), ("sin", np.sin))]
+        cos, sin = (g.op("Unsqueeze", [g.op("Gather", [table, "position_ids"]), axis1]) for table in tables)
+        return cos, sin
+
+    def mrope_cos_sin(self) -> tuple[str, str]:
+        """M-RoPE (Qwen2-VL): ``position_ids`` [3, batch, seq] holds temporal/height/width positions; the
+        rotary channels come in ``mrope_section`` chunks (twice over, for both halves) taking their
+        angle from axis 0, 1, 2, 0, 1, 2. One MatMul of the positions with a [3, head_dim] matrix that
+        holds each channel's frequency in its axis's row (zeros elsewhere) gives every angle: the
+        same single float32 product as transformers' ``inv_freq @ position_ids``, so no table bounds."""
+        g, d = self.g, self.s.head_dim
+        inv_freq = (1.0 / (np.float32(self.s.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))))
+        inv_freq = np.concatenate([inv_freq, inv_freq]).astype(np.float32)
+        axis = np.concatenate([np.full(n, i % 3) for i, n in enumerate(self.mrope * 2)])
+        select = np.where(axis[None, :] == np.arange(3)[:, None], inv_freq[None, :], 0).astype(np.float32)
+        positions = g.op("Transpose", [g.op("Cast", ["position_ids"], to=TensorProto.FLOAT)], perm=[1, 2, 0])
+        angles = g.op("MatMul", [positions, self.const("mrope_freq", select)])  # [batch, seq, head_dim]
+        angles = g.op("Unsqueeze", [angles, self.const("axis1", np.array([1], np.int64))])
+        return g.op("Cos", [angles]), g.op("Sin", [angles])
+
     def build(self) -> onnx.ModelProto:
         s, g = self.s, self.g
         d, rep = s.head_dim, s.heads // s.kv_heads
-        inv_freq = 1.0 / (s.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        angles = np.outer(np.arange(s.max_positions, dtype=np.float64), inv_freq)
-        angles = np.concatenate([angles, angles], axis=-1)
-        cos = g.op("Unsqueeze", [g.op("Gather", [self.const("cos", np.cos(angles).astype(np.float32)), "position_ids"]),
-                                 self.const("axis1", np.array([1], np.int64))])
-        sin = g.op("Unsqueeze", [g.op("Gather", [self.const("sin", np.sin(angles).astype(np.float32)), "position_ids"]),
-                                 self.const("axis1", np.array([1], np.int64))])
+        cos, sin = self.mrope_cos_sin() if self.mrope else self.cos_sin()
         # Mask [batch, 1, 1, seq, total]: key j is visible to query i when j <= past + i and not padding.
         total = g.op("Gather", [g.op("Shape", ["attention_mask"]), self.const("one", np.int64(1))])
-        seq = g.op("Gather", [g.op("Shape", ["input_ids"]), self.const("one", np.int64(1))])
+        source = "inputs_embeds" if self.embeds else "input_ids"
+        seq = g.op("Gather", [g.op("Shape", [source]), self.const("one", np.int64(1))])
         past = g.op("Sub", [total, seq])
         zero, one = self.const("zero", np.int64(0)), self.const("step", np.int64(1))
         q_pos = g.op("Unsqueeze", [g.op("Range", [past, total, one]), self.const("ax", np.array([1], np.int64))])
@@ -135,7 +163,8 @@ class _Decoder:
         allowed = g.op("And", [causal, keep])  # [batch, seq, total]
         allowed = g.op("Unsqueeze", [allowed, self.const("ax", np.array([1, 2], np.int64))])
         bias = g.op("Where", [allowed, self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))])
-        x = g.op("Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
+        x = "inputs_embeds" if self.embeds else g.op(
+            "Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
         inputs, outputs = [], []
         for n in range(s.layers):
             p = f"model.layers.{n}."
@@ -177,17 +206,26 @@ class _Decoder:
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
         g.op("MatMul", [x, self.const("lm_head", np.ascontiguousarray(head.T))])
         g.nodes[-1].output[0] = "logits"
-        graph_inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-                helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
-                                              ["batch_size", "past_sequence_length + sequence_length"]),
-                helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
+        first = (helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
+                                               ["batch_size", "sequence_length", s.hidden]) if self.embeds else
+                 helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+        positions = ([3] if self.mrope else []) + ["batch_size", "sequence_length"]
+        graph_inputs = [first, helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                                             ["batch_size", "past_sequence_length + sequence_length"]),
+                        helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions)]
         logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
         return g.model("qwen2_style_decoder", graph_inputs + inputs, [logits] + outputs)
 
 
-def build_decoder(shape: DecoderShape, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The decoder graph (see the module docstring); weights are stored as initializers."""
-    return _Decoder(shape, weights).build()
+def build_decoder(shape: DecoderShape, weights: dict[str, np.ndarray], *, inputs_embeds: bool = False,
+                  mrope_section: tuple[int, ...] | None = None) -> onnx.ModelProto:
+    """The decoder graph (see the module docstring); weights are stored as initializers.
+
+    ``inputs_embeds=True``: the first input is ``inputs_embeds`` [batch, seq, hidden] instead of
+    ``input_ids`` (the VLM ``decoder_model_merged``; no embedding table inside). ``mrope_section``
+    (Qwen2-VL's ``rope_scaling.mrope_section``): ``position_ids`` is [3, batch, seq] (M-RoPE).
+    Without q/k/v biases in ``weights`` the attention is Llama's."""
+    return _Decoder(shape, weights, inputs_embeds, mrope_section).build()
 
 
 def decoder_folder_from_hf(hf_folder: Path, out: Path) -> Path:

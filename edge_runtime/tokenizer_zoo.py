@@ -34,10 +34,11 @@ def corpus(seed: int) -> list[str]:
         "".join(chr(rng.randint(0x20, 0x7E)) for _ in range(64)) for _ in range(400)]
 
 
-def _train(folder: Path, vocab: int, style: str, seed: int) -> list[str]:
+def _train(folder: Path, vocab: int, style: str, seed: int, extra_specials: tuple[str, ...] = ()) -> list[str]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if style == "qwen2" else ["<unk>", "<s>", "</s>"]
+    specials += [s for s in extra_specials if s not in specials]
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>" if style == "llama" else None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

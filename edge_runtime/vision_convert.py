@@ -1,0 +1,135 @@
+"""``edge-runtime convert HF_FOLDER --to onnx --out DIR``: a transformers VLM checkpoint -> transformers.js layout.
+
+Reads ``config.json`` and the safetensors weights (one file or an index of shards;
+float32, float16 or bfloat16), builds the three graphs with ``onnx.helper``
+(``edge_runtime.vlm_parts``: no torch, no transformers) and writes
+``DIR/onnx/{vision_encoder,embed_tokens,decoder_model_merged}.onnx`` (``_fp16``
+variants with ``--fp16``), ``config.json`` (the checkpoint's, plus the fields
+transformers.js reads: flat text sizes for Qwen2-VL, ``transformers.js_config``),
+and copies the tokenizer, processor and chat-template files. A ``chat_template.jinja``
+is also folded into ``tokenizer_config.json``, where transformers.js's tokenizer looks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+COPIED_FILES = ("generation_config.json", "preprocessor_config.json", "processor_config.json",
+                "video_preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                "chat_template.json")
+# text fields transformers.js's config normaliser reads at the top level for qwen2_vl
+FLAT_TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "max_position_embeddings", "rope_theta", "rms_norm_eps", "rope_scaling")
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "I32": np.int32}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of one ``.safetensors`` file as float32 (integers as they are).
+
+    By hand because ``safetensors.numpy`` refuses bfloat16 (numpy has no such dtype), the
+    dtype most released VLM checkpoints use; the format is an 8-byte header length, a JSON
+    header of dtype/shape/byte offsets, then the raw little-endian data."""
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    (length,) = struct.unpack("<Q", bytes(raw[:8]))
+    header = json.loads(bytes(raw[8:8 + length]))
+    base = 8 + length
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _DTYPES:
+            raise ModelLoadError(f"{path}: tensor {name} has dtype {info['dtype']}; expected one of {sorted(_DTYPES)}")
+        start, end = info["data_offsets"]
+        array = np.frombuffer(raw[base + start:base + end], dtype=_DTYPES[info["dtype"]]).reshape(info["shape"])
+        if info["dtype"] == "BF16":  # bfloat16 is the high half of a float32
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        out[name] = array.astype(np.float32) if array.dtype.kind == "f" else array
+    return out
+
+
+def read_checkpoint(folder: Path) -> dict[str, np.ndarray]:
+    """The weights of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ModelLoadError(f"{folder}: no model.safetensors or model.safetensors.index.json (only safetensors "
+                             "checkpoints are converted; save with save_pretrained(safe_serialization=True))")
+    weights: dict[str, np.ndarray] = {}
+    for name in files:
+        weights.update(read_safetensors(folder / name))
+    return weights
+
+
+def output_config(config: dict[str, Any], external: dict[str, int]) -> dict[str, Any]:
+    from edge_runtime.vlm_parts import QWEN_FAMILIES, text_config
+
+    out = dict(config)
+    if config["model_type"] in QWEN_FAMILIES:
+        text = text_config(config)
+        out.update({k: text[k] for k in FLAT_TEXT_FIELDS if k in text and k not in out})
+    js = dict(out.get("transformers.js_config") or {})
+    js["use_external_data_format"] = external
+    out["transformers.js_config"] = js
+    return out
+
+
+def _fold_chat_template(hf_folder: Path, tokenizer_config: Path) -> None:
+    """Newer checkpoints keep the template in chat_template.jinja (or the processor's chat_template.json)."""
+    if not tokenizer_config.is_file():
+        return
+    settings = json.loads(tokenizer_config.read_text())
+    if settings.get("chat_template"):
+        return
+    if (hf_folder / "chat_template.jinja").is_file():
+        settings["chat_template"] = (hf_folder / "chat_template.jinja").read_text()
+    elif (hf_folder / "chat_template.json").is_file():
+        settings["chat_template"] = json.loads((hf_folder / "chat_template.json").read_text())["chat_template"]
+    else:
+        return
+    tokenizer_config.write_text(json.dumps(settings, indent=2))
+
+
+def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
+    """Write the transformers.js layout for the checkpoint in ``hf_folder`` into ``out``; returns ``out``."""
+    from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, build_vlm_parts, save_parts
+
+    hf_folder, out = Path(hf_folder), Path(out)
+    config_path = hf_folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{hf_folder}: no config.json (expected a transformers checkpoint folder)")
+    config = json.loads(config_path.read_text())
+    family = config.get("model_type")
+    if family not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"{hf_folder}: model_type {family!r} cannot be converted to onnx; supported: "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    if out.resolve() == hf_folder.resolve():
+        raise ModelLoadError(f"--out {out} is the checkpoint folder itself; choose a new folder")
+    try:
+        parts = build_vlm_parts(config, read_checkpoint(hf_folder))
+    except KeyError as exc:
+        raise ModelLoadError(f"{hf_folder}: the checkpoint lacks weight or config field {exc} that "
+                             f"model_type {family!r} needs") from None
+    out.mkdir(parents=True, exist_ok=True)
+    external = save_parts(out, parts, fp16)
+    for name in COPIED_FILES:
+        if (hf_folder / name).is_file():
+            shutil.copyfile(hf_folder / name, out / name)
+    _fold_chat_template(hf_folder, out / "tokenizer_config.json")
+    (out / "config.json").write_text(json.dumps(output_config(config, external), indent=2))
+    log.info("converted %s (%s) to %s", hf_folder, family, out)
+    return out

@@ -1,0 +1,221 @@
+"""Vision towers of the Qwen2-VL family written with ``onnx.helper`` (no torch), from Hugging Face weights.
+
+``build_qwen2_vl_vision(spec, weights)`` emits the transformers.js ``vision_encoder``
+graph: inputs ``pixel_values`` [patches, 3*2*14*14] (the image processor's flattened
+patches, every 4 consecutive rows one 2x2 merge block) and ``grid_thw`` [images, 3];
+output ``image_features`` [patches / merge², hidden]. Inside, as transformers'
+``Qwen2VisionTransformerPretrainedModel``: patch embedding (the Conv3d whose kernel equals
+its stride is a MatMul of the flattened patches), blocks of LayerNorm, full attention
+with 2-D rotary embeddings, quick-GELU MLP, then the patch merger (LayerNorm, 2x2 merge,
+GELU MLP). Attention is confined to each frame (transformers' ``cu_seqlens``).
+
+Rotary positions are computed *inside the graph* from ``grid_thw`` (no host-side
+tables): every patch finds its image by comparing its index with the running sum of
+t*h*w, then its (row, column) from the merge-block order. Several images per call work.
+
+``weights`` are named as a saved checkpoint names them (``visual.blocks.0.attn.qkv.weight``...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edge_runtime.model_zoo import _GraphBuilder
+
+
+@dataclass(frozen=True)
+class QwenVisionSpec:
+    """The ``vision_config`` fields the graph needs (transformers' names in comments)."""
+
+    depth: int = 2
+    embed_dim: int = 32          # embed_dim
+    heads: int = 4               # num_heads
+    mlp_hidden: int = 128        # int(embed_dim * mlp_ratio)
+    out_hidden: int = 64         # hidden_size: the text model's width
+    patch: int = 14              # patch_size
+    temporal: int = 2            # temporal_patch_size
+    merge: int = 2               # spatial_merge_size
+    channels: int = 3            # in_channels
+    act: str = "quick_gelu"      # hidden_act
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.heads
+
+    @property
+    def patch_values(self) -> int:
+        return self.channels * self.temporal * self.patch * self.patch
+
+    def config(self) -> dict:
+        """``vision_config`` as transformers writes it."""
+        return {"model_type": "qwen2_vl", "depth": self.depth, "embed_dim": self.embed_dim,
+                "hidden_size": self.out_hidden, "hidden_act": self.act, "mlp_ratio": self.mlp_hidden / self.embed_dim,
+                "num_heads": self.heads, "in_channels": self.channels, "patch_size": self.patch,
+                "spatial_merge_size": self.merge, "temporal_patch_size": self.temporal}
+
+
+def qwen_vision_spec(config: dict) -> QwenVisionSpec:
+    """The spec from a ``Qwen2VLForConditionalGeneration`` config's ``vision_config``."""
+    v = config["vision_config"]
+    return QwenVisionSpec(depth=v["depth"], embed_dim=v["embed_dim"], heads=v["num_heads"],
+                          mlp_hidden=int(v["embed_dim"] * v.get("mlp_ratio", 4)), out_hidden=v["hidden_size"],
+                          patch=v.get("patch_size", 14), temporal=v.get("temporal_patch_size", 2),
+                          merge=v.get("spatial_merge_size", 2), channels=v.get("in_channels", 3),
+                          act=v.get("hidden_act", "quick_gelu"))
+
+
+class VisionGraph:
+    """Small helpers over ``_GraphBuilder`` shared by the vision towers: linear, norms, activations."""
+
+    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+        self.w = weights
+        self.g = _GraphBuilder(0)
+
+    def const(self, name: str, value: np.ndarray | np.generic) -> str:
+        return self.g.const(name, np.asarray(value))
+
+    def ints(self, *values: int) -> str:
+        return self.const("ints", np.array(values, np.int64))
+
+    def linear(self, x: str, name: str) -> str:
+        y = self.g.op("MatMul", [x, self.const(name, np.ascontiguousarray(self.w[name + ".weight"].T))])
+        bias = self.w.get(name + ".bias")
+        return self.g.op("Add", [y, self.const(name + ".bias", bias)]) if bias is not None else y
+
+    def layer_norm(self, x: str, name: str, eps: float) -> str:
+        return self.g.op("LayerNormalization", [x, self.const(name, self.w[name + ".weight"]),
+                                                self.const(name + ".bias", self.w[name + ".bias"])],
+                         axis=-1, epsilon=eps)
+
+    def rms_norm(self, x: str, name: str, eps: float) -> str:
+        g = self.g
+        variance = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=[-1], keepdims=1)
+        norm = g.op("Div", [x, g.op("Sqrt", [g.op("Add", [variance, self.const("eps", np.float32(eps))])])])
+        return g.op("Mul", [norm, self.const(name, self.w[name + ".weight"])])
+
+    def act(self, x: str, kind: str) -> str:
+        g = self.g
+        if kind == "quick_gelu":
+            return g.op("Mul", [x, g.op("Sigmoid", [g.op("Mul", [x, self.const("k", np.float32(1.702))])])])
+        if kind in ("gelu", "gelu_exact"):
+            inner = g.op("Erf", [g.op("Mul", [x, self.const("rsqrt2", np.float32(1 / np.sqrt(2)))])])
+            return g.op("Mul", [g.op("Mul", [x, self.const("half", np.float32(0.5))]),
+                                g.op("Add", [inner, self.const("one", np.float32(1.0))])])
+        if kind in ("gelu_pytorch_tanh", "gelu_new"):
+            cube = g.op("Mul", [g.op("Mul", [x, x]), x])
+            inner = g.op("Add", [x, g.op("Mul", [cube, self.const("c", np.float32(0.044715))])])
+            inner = g.op("Tanh", [g.op("Mul", [inner, self.const("s", np.float32(np.sqrt(2 / np.pi)))])])
+            return g.op("Mul", [g.op("Mul", [x, self.const("half", np.float32(0.5))]),
+                                g.op("Add", [inner, self.const("one", np.float32(1.0))])])
+        if kind == "silu":
+            return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        raise ValueError(f"activation {kind!r} is not supported: expected quick_gelu, gelu, gelu_pytorch_tanh or silu")
+
+    def rotate(self, x: str, cos: str, sin: str, head_dim: int) -> str:
+        """Rotate-half rotary embedding: ``x*cos + rotate_half(x)*sin``."""
+        g = self.g
+        first, second = g.op("Split", [x, self.ints(head_dim // 2, head_dim // 2)], 2, axis=-1)
+        rotated = g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
+        return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
+
+    def attention(self, q: str, k: str, v: str, bias: str | None, head_dim: int) -> str:
+        """Softmax attention over [..., heads, seq, dim] tensors; ``bias`` is added to the scores."""
+        g = self.g
+        scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])])
+        scores = g.op("Mul", [scores, self.const("scale", np.float32(head_dim ** -0.5))])
+        if bias is not None:
+            scores = g.op("Add", [scores, bias])
+        return g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+
+
+class _QwenVision(VisionGraph):
+    def __init__(self, spec: QwenVisionSpec, weights: dict[str, np.ndarray], grid_name: str) -> None:
+        super().__init__(weights)
+        self.s = spec
+        self.grid = grid_name
+
+    def positions(self) -> tuple[str, str, str]:
+        """(cos, sin) [1, patches, head_dim] of the 2-D rotary embedding and the attention bias [patches, patches]."""
+        g, s, m = self.g, self.s, self.s.merge
+        col = {axis: g.op("Gather", [self.grid, self.const("axis", np.int64(axis))], axis=1) for axis in range(3)}
+        t, h, w = col[0], col[1], col[2]
+        sizes = g.op("Mul", [g.op("Mul", [t, h]), w])
+        ends = g.op("CumSum", [sizes, self.const("axis0", np.int64(0))])
+        starts = g.op("Sub", [ends, sizes])
+        count = g.op("Gather", [g.op("Shape", ["pixel_values"]), self.const("zero", np.int64(0))])
+        index = g.op("Range", [self.const("zero", np.int64(0)), count, self.const("one", np.int64(1))])
+        # the image of each patch: how many images end at or before it
+        after = g.op("GreaterOrEqual", [g.op("Unsqueeze", [index, self.ints(1)]),
+                                        g.op("Unsqueeze", [ends, self.ints(0)])])
+        image = g.op("ReduceSum", [g.op("Cast", [after], to=TensorProto.INT64), self.ints(1)], keepdims=0)
+        hh, ww = g.op("Gather", [h, image]), g.op("Gather", [w, image])
+        local = g.op("Sub", [index, g.op("Gather", [starts, image])])
+        area = g.op("Mul", [hh, ww])
+        within = g.op("Mod", [local, area])
+        side, square = self.const("m", np.int64(m)), self.const("mm", np.int64(m * m))
+        # patch order inside a frame: (block row, block column, row in block, column in block)
+        in_col = g.op("Mod", [within, side])
+        in_row = g.op("Mod", [g.op("Div", [within, side]), side])
+        blocks_w = g.op("Div", [ww, side])
+        block = g.op("Div", [within, square])
+        block_col, block_row = g.op("Mod", [block, blocks_w]), g.op("Div", [block, blocks_w])
+        row = g.op("Add", [g.op("Mul", [block_row, side]), in_row])
+        column = g.op("Add", [g.op("Mul", [block_col, side]), in_col])
+        rc = g.op("Concat", [g.op("Unsqueeze", [row, self.ints(1)]), g.op("Unsqueeze", [column, self.ints(1)])],
+                  axis=1)
+        rc = g.op("Cast", [rc], to=TensorProto.FLOAT)
+        # transformers: freqs = outer(pos, inv_freq) over dim = head_dim/2, [row freqs, column freqs] twice
+        quarter = s.head_dim // 4
+        inv = (1.0 / (np.float32(10000.0) ** (np.arange(0, s.head_dim // 2, 2, dtype=np.float32)
+                                               / np.float32(s.head_dim // 2)))).astype(np.float32)
+        select = np.zeros((2, s.head_dim), np.float32)
+        for half in (0, s.head_dim // 2):
+            select[0, half:half + quarter] = inv
+            select[1, half + quarter:half + 2 * quarter] = inv
+        angles = g.op("Unsqueeze", [g.op("MatMul", [rc, self.const("rope_freq", select)]), self.ints(0)])
+        # attention stays within one frame: global frame number = frames of earlier images + frame in image
+        frame_ends = g.op("CumSum", [t, self.const("axis0", np.int64(0))])
+        frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
+        same = g.op("Equal", [g.op("Unsqueeze", [frame, self.ints(1)]), g.op("Unsqueeze", [frame, self.ints(0)])])
+        bias = g.op("Where", [same, self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))])
+        return g.op("Cos", [angles]), g.op("Sin", [angles]), bias
+
+    def block(self, x: str, n: int, cos: str, sin: str, bias: str) -> str:
+        g, s, d = self.g, self.s, self.s.head_dim
+        p = f"visual.blocks.{n}."
+        h = self.layer_norm(x, p + "norm1", 1e-6)
+        qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])
+        qkv = g.op("Transpose", [qkv], perm=[1, 2, 0, 3])  # [3, heads, patches, dim]
+        q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=0)
+        q, k = self.rotate(q, cos, sin, d), self.rotate(k, cos, sin, d)
+        out = self.attention(q, k, v, bias, d)  # [1, heads, patches, dim]
+        out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(-1, s.embed_dim)])
+        x = g.op("Add", [x, self.linear(out, p + "attn.proj")])
+        h = self.layer_norm(x, p + "norm2", 1e-6)
+        return g.op("Add", [x, self.linear(self.act(self.linear(h, p + "mlp.fc1"), s.act), p + "mlp.fc2")])
+
+    def build(self) -> onnx.ModelProto:
+        g, s = self.g, self.s
+        kernel = self.w["visual.patch_embed.proj.weight"].reshape(s.embed_dim, -1)
+        x = g.op("MatMul", ["pixel_values", self.const("patch_embed", np.ascontiguousarray(kernel.T))])
+        cos, sin, bias = self.positions()
+        for n in range(s.depth):
+            x = self.block(x, n, cos, sin, bias)
+        x = self.layer_norm(x, "visual.merger.ln_q", 1e-6)
+        x = g.op("Reshape", [x, self.ints(-1, s.embed_dim * s.merge * s.merge)])
+        x = self.linear(self.act(self.linear(x, "visual.merger.mlp.0"), "gelu"), "visual.merger.mlp.2")
+        g.nodes[-1].output[0] = "image_features"
+        inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
+                  helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
+        out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", s.out_hidden])
+        return g.model("qwen2_vl_vision_encoder", inputs, [out])
+
+
+def build_qwen2_vl_vision(spec: QwenVisionSpec, weights: dict[str, np.ndarray],
+                          grid_name: str = "grid_thw") -> onnx.ModelProto:
+    """The Qwen2-VL ``vision_encoder`` graph (see the module docstring)."""
+    return _QwenVision(spec, weights, grid_name).build()

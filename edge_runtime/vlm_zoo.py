@@ -1,0 +1,161 @@
+"""Tiny vision-language model folders with random weights, in the transformers.js layout, without torch.
+
+``write_vlm_folder(folder, family, shape, seed)`` writes a complete folder:
+``config.json`` (as transformers writes it for the ``*ForConditionalGeneration`` class,
+plus the flat text fields transformers.js reads), ``generation_config.json``,
+``preprocessor_config.json``, tokenizer files with the family's special tokens and chat
+template, and ``onnx/{vision_encoder,embed_tokens,decoder_model_merged}.onnx``. The
+weights are drawn from ``seed`` under the names a transformers checkpoint uses
+(``random_vlm_weights``), so a test can load them into transformers and compare.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.decoder_zoo import DecoderShape
+from edge_runtime.decoder_zoo import random_weights as decoder_weights
+from edge_runtime.vision_graphs import QwenVisionSpec
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm")
+ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                 "idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration"}
+
+
+@dataclass(frozen=True)
+class VLMShape:
+    """Sizes of a tiny VLM. ``vision`` None = the family's default tower; pixel budgets are the
+    preprocessor's defaults (``min_pixels``/``max_pixels`` for Qwen: at most 64 image tokens here)."""
+
+    text: DecoderShape = DecoderShape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512,
+                                      max_positions=4096, rope_theta=1000000.0)
+    vision: Any = None
+    mrope_section: tuple[int, ...] = (2, 3, 3)
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 64
+    extra: dict = field(default_factory=dict, compare=False)  # family-specific processor settings
+
+
+def vision_spec(family: str, shape: VLMShape) -> Any:
+    if shape.vision is not None:
+        return shape.vision
+    if family == "qwen2_vl":
+        return QwenVisionSpec(out_hidden=shape.text.hidden)
+    if family == "qwen2_5_vl":
+        from edge_runtime.vision_graphs_qwen25 import Qwen25VisionSpec
+
+        return Qwen25VisionSpec(out_hidden=shape.text.hidden)
+    from edge_runtime.vision_graphs_idefics import IdeficsVisionSpec
+
+    return IdeficsVisionSpec(text_hidden=shape.text.hidden)
+
+
+def _normal(rng: np.random.Generator, *dims: int, scale: float) -> np.ndarray:
+    return (rng.standard_normal(dims) * scale).astype(np.float32)
+
+
+def _qwen_vision_weights(spec: QwenVisionSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    e, m = spec.embed_dim, spec.embed_dim * spec.merge ** 2
+    w = {"visual.patch_embed.proj.weight": _normal(rng, e, spec.channels, spec.temporal, spec.patch, spec.patch,
+                                                   scale=0.05),
+         "visual.merger.ln_q.weight": 1 + _normal(rng, e, scale=0.1),
+         "visual.merger.ln_q.bias": _normal(rng, e, scale=0.1),
+         "visual.merger.mlp.0.weight": _normal(rng, m, m, scale=0.1),
+         "visual.merger.mlp.0.bias": _normal(rng, m, scale=0.1),
+         "visual.merger.mlp.2.weight": _normal(rng, spec.out_hidden, m, scale=0.05),
+         "visual.merger.mlp.2.bias": _normal(rng, spec.out_hidden, scale=0.05)}
+    for n in range(spec.depth):
+        p = f"visual.blocks.{n}."
+        for norm in ("norm1", "norm2"):
+            w[p + norm + ".weight"], w[p + norm + ".bias"] = 1 + _normal(rng, e, scale=0.1), _normal(rng, e, scale=0.1)
+        for name, (rows, cols) in {"attn.qkv": (3 * e, e), "attn.proj": (e, e), "mlp.fc1": (spec.mlp_hidden, e),
+                                   "mlp.fc2": (e, spec.mlp_hidden)}.items():
+            w[p + name + ".weight"] = _normal(rng, rows, cols, scale=0.2)
+            w[p + name + ".bias"] = _normal(rng, rows, scale=0.1)
+    return w
+
+
+def random_vlm_weights(family: str, shape: VLMShape, seed: int = 0) -> dict[str, np.ndarray]:
+    """Checkpoint-named random weights (Qwen: ``visual.*``, ``model.*``; Idefics3: ``model.text_model.*``...)."""
+    rng = np.random.default_rng(seed + 1000)
+    spec = vision_spec(family, shape)
+    text = decoder_weights(shape.text, seed)
+    if family == "qwen2_vl":
+        return {**text, **_qwen_vision_weights(spec, rng)}
+    if family == "qwen2_5_vl":
+        from edge_runtime.vision_graphs_qwen25 import random_qwen25_vision_weights
+
+        return {**text, **random_qwen25_vision_weights(spec, rng)}
+    from edge_runtime.vision_graphs_idefics import random_idefics_vision_weights
+
+    # Llama-style text model: no q/k/v biases, its own head
+    text = {"model.text_model." + k[len("model."):]: v for k, v in text.items() if not k.endswith("_proj.bias")}
+    text["lm_head.weight"] = _normal(rng, shape.text.vocab, shape.text.hidden, scale=0.2)
+    return {**text, **random_idefics_vision_weights(spec, rng)}
+
+
+def _text_fields(shape: DecoderShape) -> dict[str, Any]:
+    return {"vocab_size": shape.vocab, "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
+            "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+            "num_key_value_heads": shape.kv_heads, "max_position_embeddings": shape.max_positions,
+            "rope_theta": shape.rope_theta, "rms_norm_eps": shape.rms_eps, "hidden_act": "silu"}
+
+
+def vlm_config(family: str, shape: VLMShape, ids: dict[str, int]) -> dict[str, Any]:
+    """config.json of the ``*ForConditionalGeneration`` model (transformers 4.57's nesting, plus the
+    text fields repeated at the top level: transformers.js reads Qwen2-VL's KV sizes from there)."""
+    spec = vision_spec(family, shape)
+    text = _text_fields(shape.text)
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        text.update(model_type=f"{family}_text", tie_word_embeddings=True, bos_token_id=ids["<|endoftext|>"],
+                    eos_token_id=ids["<|im_end|>"],
+                    rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": list(shape.mrope_section)})
+        config = {**text, "text_config": dict(text), "vision_config": spec.config(),
+                  "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+                  "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+    else:
+        text.update(model_type="llama", tie_word_embeddings=False, bos_token_id=ids["<|im_start|>"],
+                    eos_token_id=ids["<end_of_utterance>"], pad_token_id=ids["<|im_end|>"])
+        config = {"text_config": text, "vision_config": spec.config(), "image_token_id": ids["<image>"],
+                  "scale_factor": spec.scale_factor, "tie_word_embeddings": False,
+                  "pad_token_id": ids["<|im_end|>"]}
+    config.update(model_type=family, architectures=[ARCHITECTURES[family]], torch_dtype="float32")
+    return config
+
+
+def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | None = None, seed: int = 0,
+                     fp16: bool = False) -> Path:
+    """A complete transformers.js-layout folder (see the module docstring); returns ``folder``."""
+    from edge_runtime.vlm_files import idefics_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
+    from edge_runtime.vlm_parts import build_vlm_parts, save_parts
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown VLM family {family!r}: expected one of {list(FAMILIES)}")
+    shape = shape or VLMShape()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = write_vlm_text_files(folder, family, shape.text.vocab, seed, shape.text.max_positions)
+    config = vlm_config(family, shape, ids)
+    external = save_parts(folder, build_vlm_parts(config, random_vlm_weights(family, shape, seed)), fp16)
+    config["transformers.js_config"] = {"use_external_data_format": external}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    text = config.get("text_config", config)
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        processor = qwen_preprocessor_config(family, shape.min_pixels, shape.max_pixels)
+        eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    else:
+        spec = vision_spec(family, shape)
+        processor = idefics_preprocessor_config(family, spec.image_size, shape.extra.get("longest_edge",
+                                                                                          2 * spec.image_size),
+                                                shape.extra.get("split", True))
+        eos = [ids["<end_of_utterance>"]]
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    generation = {"bos_token_id": text["bos_token_id"], "eos_token_id": eos, "pad_token_id": text.get(
+        "pad_token_id", ids.get("<|endoftext|>")), "do_sample": False}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return folder

@@ -1,0 +1,154 @@
+"""Tiny random-weight transformers VLM checkpoints for the converter tests, and the oracle's helpers.
+
+``checkpoint(spec, root)`` builds a ``*ForConditionalGeneration`` model with torch
+from a fixed seed (weights redrawn at a larger std than transformers' 0.02 so greedy
+output varies, non-trivial norms and biases so a dropped one fails the oracles),
+saves it with ``save_pretrained`` and adds a locally trained tokenizer, chat template
+and ``preprocessor_config.json``. Cached under ``root`` keyed by the spec (and
+``FIXTURE_VERSION``). ``vlm_root`` is ``$EDGE_RUNTIME_TEST_MODELS`` when set, else a
+temporary folder.
+
+Qwen2-VL's processor needs torchvision (its video processor), which is not
+installable here, so ``qwen_inputs`` follows the processor's rule by hand: the slow
+``Qwen2VLImageProcessor`` for pixels and grid, the tokenizer's chat template for the
+prompt, each ``<|image_pad|>`` repeated t*h*w/merge² times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+FIXTURE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class VLMSpec:
+    family: str = "qwen2_vl"
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
+    vocab: int = 512
+    vision_depth: int = 2
+    vision_dim: int = 32
+    vision_heads: int = 4
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps({**asdict(self), "v": FIXTURE_VERSION}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def vlm_root(tmp_path_factory) -> Path:
+    root = os.environ.get("EDGE_RUNTIME_TEST_MODELS")
+    if root:
+        path = Path(root) / "vlm"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("vlm")
+
+
+def _redraw(model, seed: int) -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=generator))
+            elif "norm" in name or name.endswith("ln_q.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=generator))
+            elif "patch_embed" in name or "mlp.2" in name or "patch_embedding" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(0.2 * torch.randn(p.shape, generator=generator))
+
+
+def _qwen_model(spec: VLMSpec, ids: dict[str, int]):
+    import transformers
+
+    text = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    vision = dict(depth=spec.vision_depth, embed_dim=spec.vision_dim, num_heads=spec.vision_heads, mlp_ratio=4,
+                  hidden_size=spec.hidden)
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                                        video_token_id=ids["<|video_pad|>"],
+                                        vision_start_token_id=ids["<|vision_start|>"],
+                                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+    return transformers.Qwen2VLForConditionalGeneration(config)
+
+
+def checkpoint(spec: VLMSpec, root: Path) -> Path:
+    """The saved checkpoint folder (built once per spec under ``root``)."""
+    out = Path(root) / f"hf-{spec.family}-{spec.key}"
+    if (out / "done").is_file():
+        return out
+    import torch
+    import transformers
+
+    from edge_runtime.vlm_files import qwen_preprocessor_config, write_vlm_text_files
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ids = write_vlm_text_files(tmp, spec.family, spec.vocab, spec.seed)
+    torch.manual_seed(spec.seed)
+    if spec.family == "qwen2_vl":
+        model = _qwen_model(spec, ids)
+        processor = qwen_preprocessor_config(spec.family, 56 * 56, 28 * 28 * 64)
+        eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    else:
+        raise ValueError(f"no checkpoint builder for {spec.family!r}")
+    model.eval()
+    _redraw(model, spec.seed)
+    model.save_pretrained(tmp)
+    (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    transformers.GenerationConfig(eos_token_id=eos, do_sample=False).save_pretrained(tmp)
+    (tmp / "done").write_text("ok")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def load_model(folder: Path):
+    import transformers
+
+    return transformers.AutoModelForImageTextToText.from_pretrained(folder, torch_dtype="float32").eval()
+
+
+def sample_image(width: int = 84, height: int = 56, seed: int = 0):
+    """A noisy RGB image whose sides are multiples of 28 (no resize: PIL and sharp agree exactly)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0, 255, width, dtype=np.float32)[None, :, None] * np.ones((height, 1, 3), np.float32)
+    pixels = np.clip(base + rng.normal(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels)
+
+
+def qwen_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
+    """input_ids, attention_mask, pixel_values, image_grid_thw for one user turn (image, then text)."""
+    import transformers
+
+    processor = transformers.Qwen2VLImageProcessor.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    pixels = processor(images=[image], return_tensors="np")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    count = int(np.prod(pixels["image_grid_thw"][0])) // processor.merge_size ** 2
+    prompt = prompt.replace("<|image_pad|>", "<|image_pad|>" * count)
+    ids = np.array([tokenizer(prompt)["input_ids"]], np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "pixel_values": pixels["pixel_values"],
+            "image_grid_thw": pixels["image_grid_thw"].astype(np.int64)}
