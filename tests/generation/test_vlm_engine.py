@@ -1,0 +1,237 @@
+"""The VLM engine on tiny random-weight folders (``vlm_zoo.write_vlm_folder``): greedy tokens against a
+no-cache recompute oracle, streaming, continuous batching of image and text requests, prefix-cache
+keys with image digests, and its errors.
+
+The oracle runs the folder's three graphs in plain ONNX Runtime sessions: each step embeds the whole
+sequence (prompt + generated) with ``embed_tokens``, overwrites the image-token rows with the
+``vision_encoder`` features, takes M-RoPE positions from transformers' own ``get_rope_index``, and runs
+the decoder with an empty past. Preprocessing and the prompt text come from the model's ``prepare``
+(transformers-parity of those is tested with the preprocessing and converter code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from edge_runtime.errors import InvalidInputError
+
+FAMILIES = ["qwen2_vl"]
+SYSTEM = ("You are a phone agent. You see the current screenshot and answer with the next action: tap, "
+          "swipe, type or done. Think about what is on the screen first. ")
+
+
+def _image(seed: int, width: int = 112, height: int = 84):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def _messages(image, text: str = "What should I tap?", history: tuple[str, ...] = ()) -> list[dict]:
+    turns = [{"role": "system", "content": SYSTEM}]
+    for i, said in enumerate(history):
+        turns.append({"role": "user" if i % 2 == 0 else "assistant", "content": said})
+    content = [{"type": "text", "text": text}]
+    if image is not None:
+        content.insert(0, {"type": "image", "image": image})
+    return [*turns, {"role": "user", "content": content}]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def vlm_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    return write_vlm_folder(tmp_path_factory.mktemp(request.param), request.param, seed=1)
+
+
+@pytest.fixture
+def vlm_factory(vlm_folder: Path):
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+
+    made = []
+
+    def build(**settings):
+        settings.setdefault("max_seq_len", 1024)
+        model = GenerativeModel(vlm_folder.name, vlm_folder, GenerationSettings(**settings), threads=1)
+        made.append(model)
+        return model
+
+    yield build
+    for model in made:
+        model.close()
+
+
+class Oracle:
+    """No-cache greedy recompute over the folder's graphs (see the module docstring)."""
+
+    def __init__(self, model) -> None:
+        import onnxruntime as ort
+
+        vlm = model.vlm
+        self.vlm = vlm
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.embed = ort.InferenceSession(str(vlm.embed_path), options, providers=["CPUExecutionProvider"])
+        self.vision = ort.InferenceSession(str(vlm.vision_path), options, providers=["CPUExecutionProvider"])
+        self.decoder = ort.InferenceSession(str(vlm.decoder.model_path), options, providers=["CPUExecutionProvider"])
+
+    def features(self, processed) -> np.ndarray:
+        names = {i.name for i in self.vision.get_inputs()}
+        feeds = {k: v for k, v in processed.feeds.items() if k in names}
+        return self.vision.run(["image_features"], feeds)[0].reshape(-1, self.vlm.hidden_size)
+
+    def positions(self, ids: list[int], grids: list) -> np.ndarray:
+        import torch
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+        if not self.vlm.mrope:
+            return np.arange(len(ids), dtype=np.int64)[None]
+        config = SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=self.vlm.spatial_merge_size),
+                                 image_token_id=self.vlm.image_token_id, video_token_id=-5,
+                                 vision_start_token_id=self.vlm.vision_start_token_id)
+        positions, _ = Qwen2VLModel.get_rope_index(SimpleNamespace(config=config), torch.tensor([ids]),
+                                                   torch.tensor(grids) if grids else None, None, None)
+        return positions.numpy()
+
+    def greedy(self, ids: list[int], processed: list, steps: int) -> list[int]:
+        layout = self.vlm.decoder.kv
+        rows = np.concatenate([self.features(p) for p in processed]) if processed else None
+        grids = [list(p.grid_thw) for p in processed if p.grid_thw is not None]
+        tokens, out = list(ids), []
+        for _ in range(steps):
+            embeds = self.embed.run(["inputs_embeds"], {"input_ids": np.array([tokens], np.int64)})[0]
+            if rows is not None:
+                embeds[0, np.array(tokens) == self.vlm.image_token_id] = rows
+            feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((1, len(tokens)), np.int64),
+                     "position_ids": self.positions(tokens, grids)}
+            for i in range(layout.layers):
+                for kind in ("key", "value"):
+                    feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, layout.kv_heads, 0, layout.head_dim),
+                                                                    layout.dtype)
+            token = int(np.argmax(self.decoder.run(["logits"], feeds)[0][0, -1]))
+            out.append(token)
+            tokens.append(token)
+        return out
+
+
+def _processed(model, images: list) -> list:
+    return [model.prompter.processor.process(image) for image in images]
+
+
+def test_greedy_tokens_equal_the_no_cache_oracle(vlm_factory) -> None:
+    model = vlm_factory(prefill_chunk_tokens=8, prefix_cache_bytes=0)  # chunks cut through the image tokens
+    oracle = Oracle(model)
+    one, two = _image(1), _image(2, 56, 140)
+    cases = [({"messages": _messages(one)}, [one]),
+             ({"prompt": "Compare the two screens.", "images": [one, two]}, [one, two]),
+             ({"messages": _messages(None, "No screenshot this time.")}, [])]
+    for kwargs, images in cases:
+        result = model.generate(**kwargs, max_tokens=10, ignore_eos=True)
+        prepared = model.prepare(kwargs.get("prompt"), kwargs.get("messages"), kwargs.get("images"))
+        assert list(result.token_ids) == oracle.greedy(prepared.ids, _processed(model, images), 10), kwargs
+        image_tokens = sum(p.num_tokens for p in _processed(model, images))
+        assert result.usage.prompt_tokens == len(prepared.ids)
+        assert prepared.ids.count(model.vlm.image_token_id) == image_tokens  # image tokens count in usage
+
+
+def test_streamed_text_equals_non_streamed(vlm_factory) -> None:
+    model = vlm_factory()
+    messages = _messages(_image(3))
+
+    async def streamed() -> tuple[str, list[int]]:
+        texts, ids = [], []
+        async for chunk in model.stream(messages=messages, max_tokens=12, ignore_eos=True):
+            texts.append(chunk.text)
+            ids.extend(chunk.token_ids)
+        return "".join(texts), ids
+
+    text, ids = asyncio.run(streamed())
+    result = model.generate(messages=messages, max_tokens=12, ignore_eos=True)
+    assert (text, ids) == (result.text, list(result.token_ids))
+    chunks = list(model.iter_chunks(messages=messages, max_tokens=12, ignore_eos=True))
+    assert "".join(c.text for c in chunks) == result.text
+
+
+def test_concurrent_image_and_text_requests_equal_each_alone(vlm_factory) -> None:
+    requests = [{"messages": _messages(_image(4))}, {"prompt": "Once upon a time"},
+                {"prompt": "Two screens:", "images": [_image(5, 84, 56), _image(6)]},
+                {"messages": _messages(None, "hello there")}, {"messages": _messages(_image(7), "and now?")}]
+    alone_model = vlm_factory(max_batch_size=1, prefix_cache_bytes=0)
+    alone = [list(alone_model.generate(**r, max_tokens=6 + 3 * i, ignore_eos=True).token_ids)
+             for i, r in enumerate(requests)]
+    model = vlm_factory(max_batch_size=4, prefill_chunk_tokens=16)
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda ir: list(model.generate(**ir[1], max_tokens=6 + 3 * ir[0],
+                                                                ignore_eos=True).token_ids), enumerate(requests)))
+    assert together == alone
+    assert model.batcher.stats().steps < sum(len(t) for t in alone)  # rows really shared decode steps
+
+
+def test_prefix_cache_hit_with_the_same_image_equals_a_miss(vlm_factory) -> None:
+    messages = _messages(_image(8))
+    miss = vlm_factory(prefix_cache_bytes=0).generate(messages=messages, max_tokens=10, ignore_eos=True)
+    model = vlm_factory(prefix_block_tokens=4)
+    first = model.generate(messages=messages, max_tokens=10, ignore_eos=True)
+    second = model.generate(messages=messages, max_tokens=10, ignore_eos=True)
+    ids = model.prepare(messages=messages).ids
+    last_image_token = max(i for i, t in enumerate(ids) if t == model.vlm.image_token_id)
+    assert first.usage.cached_tokens == 0
+    assert second.usage.cached_tokens > last_image_token  # the image's KV was reused
+    assert first.token_ids == second.token_ids == miss.token_ids
+
+
+def test_a_different_image_never_reuses_kv_past_the_text_prefix(vlm_factory) -> None:
+    model = vlm_factory(prefix_block_tokens=4)
+    history = ("Open the settings.", "tap(120, 300)", "Now scroll down.", "swipe(up)")
+    first = _messages(_image(9), history=history)
+    other = _messages(_image(10), history=history)
+    model.generate(messages=first, max_tokens=4, ignore_eos=True)
+    result = model.generate(messages=other, max_tokens=8, ignore_eos=True)
+    ids = model.prepare(messages=other).ids
+    first_image_token = ids.index(model.vlm.image_token_id)
+    assert 0 < result.usage.cached_tokens <= first_image_token  # the text prefix hit, nothing after it
+    fresh = vlm_factory(prefix_cache_bytes=0).generate(messages=other, max_tokens=8, ignore_eos=True)
+    assert result.token_ids == fresh.token_ids
+    # The agent's next step: the old screenshot stripped, text turns added, a new screenshot.
+    stripped = _messages(_image(11), history=(*history, "What now?", result.text))
+    step = model.generate(messages=stripped, max_tokens=4, ignore_eos=True)
+    assert step.usage.cached_tokens >= first_image_token - model.settings.prefix_block_tokens
+
+
+def test_vision_work_runs_on_the_callers_thread(vlm_factory) -> None:
+    model = vlm_factory()
+    threads = []
+    encode = model.prompter.encoder.encode
+    model.prompter.encoder.encode = lambda *a: (threads.append(threading.current_thread()), encode(*a))[1]
+    result = model.generate(messages=_messages(_image(12)), max_tokens=3)
+    assert threads == [threading.current_thread()]
+    assert result.timings is not None and result.timings.vision_encode_ms > 0
+    assert result.timings.first_token_ms >= result.timings.prepare_ms
+
+
+def test_image_errors_name_both_counts(vlm_factory) -> None:
+    model = vlm_factory()
+    placeholder = model.prompter.processor.placeholder
+    with pytest.raises(InvalidInputError, match=r"2 image placeholder.*1 image"):
+        model.generate(prompt=f"a {placeholder} b {placeholder}", images=[_image(1)], max_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"At most 8 image\(s\) may be provided in one prompt"):
+        model.generate(prompt="x", images=[_image(1)] * 9, max_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"messages\[1\]\.content\[0\]\.image_url"):
+        model.generate(messages=[{"role": "system", "content": "s"}, {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}], max_tokens=2)
+    with pytest.raises(InvalidInputError, match="messages\\[0\\].content\\[0\\]"):
+        model.generate(messages=[{"role": "user", "content": [{"type": "audio", "audio": "x"}]}], max_tokens=2)
+
+
+def test_a_text_model_refuses_images(qwen_folder: Path, model_factory) -> None:
+    model = model_factory(qwen_folder)
+    with pytest.raises(InvalidInputError, match="is not a multimodal model"):
+        model.generate(prompt="hi", images=[_image(1)], max_tokens=2)
