@@ -235,3 +235,23 @@ def test_a_text_model_refuses_images(qwen_folder: Path, model_factory) -> None:
     model = model_factory(qwen_folder)
     with pytest.raises(InvalidInputError, match="is not a multimodal model"):
         model.generate(prompt="hi", images=[_image(1)], max_tokens=2)
+
+
+def test_runtime_loads_the_vision_encoder_like_any_tensor_model(vlm_folder: Path, vlm_factory,
+                                                                tmp_path: Path) -> None:
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.generation.vision.settings import VisionSettings
+    from edge_runtime.model import Model
+    from edge_runtime.runtime import Runtime
+
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path, probe_opencl=False, intra_op_threads=1))
+    model = runtime.load_generative(vlm_folder, vision=VisionSettings(plan="cpu", precision="fp32"))
+    try:
+        assert isinstance(model.prompter.encoder.model, Model)
+        assert model.prompter.encoder.model.report.backend == "cpu"
+        request = {"prompt": "Describe the screen.", "images": [_image(13)], "max_tokens": 8, "ignore_eos": True}
+        direct = vlm_factory().generate(**request)
+        assert model.generate(**request).token_ids == direct.token_ids
+    finally:
+        model.close()
+        runtime.close()
