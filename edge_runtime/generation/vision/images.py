@@ -60,6 +60,9 @@ class ImageAccess:
     fetch_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
+        for key in ("allowed_domains", "allowed_local_paths"):
+            if isinstance(getattr(self, key), (str, bytes, os.PathLike)):
+                raise ConfigError(f"[vision] {key} must be a list, got {getattr(self, key)!r}")
         domains = tuple(str(d).strip().lower() for d in self.allowed_domains)
         for domain in domains:
             if not domain or "*" in domain or "/" in domain:
@@ -151,7 +154,7 @@ def decode_image(data: bytes, where: str, access: ImageAccess) -> Image.Image:
             raise InvalidInputError(f"{where}: expected a PNG, JPEG or WebP image, "
                                     f"got {_describe(data)}") from exc
         except (OSError, ValueError, SyntaxError) as exc:
-            raise InvalidInputError(f"{where}: expected a PNG, JPEG or WebP image, got an unreadable "
+            raise InvalidInputError(f"{where}: expected a PNG, JPEG or WebP image, got "
                                     f"{_describe(data)} ({exc})") from exc
         _check_pixels(image.size, where, access)
         try:
@@ -165,10 +168,10 @@ def decode_image(data: bytes, where: str, access: ImageAccess) -> Image.Image:
 
 def image_digest(image: Image.Image) -> bytes:
     """A 16-byte content hash of ``image`` (mode, size and pixels): equal pixels, equal digest."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())
+    # SHA-256 (truncated): CPUs have instructions for it (ARMv8 crypto, x86 SHA-NI); blake2b has none.
+    digest = hashlib.sha256(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())
     digest.update(image.tobytes())
-    return digest.digest()
+    return digest.digest()[:16]
 
 
 def _check_pixels(size: tuple[int, int], where: str, access: ImageAccess) -> None:
@@ -182,6 +185,9 @@ def _check_pixels(size: tuple[int, int], where: str, access: ImageAccess) -> Non
 
 def _describe(data: bytes) -> str:
     head = data[:16].lstrip()
+    if data.startswith(b"\x89PNG") or data.startswith(b"\xff\xd8\xff") or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
+        name = "PNG" if data[:1] == b"\x89" else "JPEG" if data[:1] == b"\xff" else "WebP"
+        return f"a truncated or corrupt {name} file ({len(data)} bytes)"
     for magic, name in _OTHER_MAGIC:
         if head.startswith(magic):
             return f"a {name} image (unsupported format)"

@@ -195,6 +195,11 @@ def channel_lut(pre: Mapping[str, Any], default_mean: Sequence[float], default_s
     return np.ascontiguousarray(lut, dtype=np.float32)
 
 
+def rgb(image: Image.Image) -> Image.Image:
+    """``image`` in RGB (``images.load_image`` already gives RGB; a caller's own PIL image may not be)."""
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def normalized_chw(rgb: np.ndarray, lut: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """uint8 [H, W, 3] -> float32 [3, H, W] through ``lut`` (into ``out`` when given)."""
     if out is None:

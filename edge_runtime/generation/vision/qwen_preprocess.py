@@ -23,6 +23,7 @@ from edge_runtime.generation.vision.preprocess import (
     config_int,
     normalized_chw,
     resample_filter,
+    rgb,
 )
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class QwenImageProcessor(ImageProcessor):
         return (resized_h // self.patch_size) * (resized_w // self.patch_size) // self.merge_size ** 2
 
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
+        image = rgb(image)
         width, height = self.resized_size(*image.size, where=where)
         if (width, height) != image.size:
             image = image.resize((width, height), resample=self.resample)

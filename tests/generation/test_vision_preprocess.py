@@ -1,0 +1,325 @@
+"""Image preprocessing per family against transformers' slow (PIL) image processors and processors.
+
+Oracles: ``Qwen2VLImageProcessor`` (Qwen2.5-VL uses the same class), ``Idefics3ImageProcessor``
+and ``SmolVLMImageProcessor`` for pixel values, grids and tile counts; ``Qwen2VLProcessor``
+and ``Idefics3Processor`` for the prompt text (compared as token ids of a byte-level
+tokenizer, which round-trips any text). ``SmolVLMProcessor`` cannot be imported without
+torchvision (its video processor), so SmolVLM's prompt rule is taken from the functions of
+the installed ``processing_smolvlm.py``, compiled from its source on their own.
+The preprocessor_config.json files hold the values of the real checkpoints.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    Idefics3ImageProcessor,
+    Idefics3Processor,
+    PreTrainedTokenizerFast,
+    Qwen2TokenizerFast,
+    Qwen2VLImageProcessor,
+    Qwen2VLProcessor,
+    SmolVLMImageProcessor,
+)
+
+from edge_runtime.errors import ConfigError, InvalidInputError, ModelLoadError
+from edge_runtime.generation.vision.images import ImageAccess, image_digest
+from edge_runtime.generation.vision.preprocess import (
+    ImageProcessor,
+    VisionBudget,
+    image_processor,
+    prepare_image,
+)
+
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+# Qwen2-VL-2B-Instruct / Qwen2.5-VL-3B-Instruct.
+QWEN_PRE = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
+            "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_resize": True,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+            "resample": 3, "image_processor_type": "Qwen2VLImageProcessor"}
+QWEN_VISION = {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
+# SmolVLM-256M-Instruct: 512-px tiles, 64 tokens each (32x32 patches / 4²).
+SMOLVLM_PRE = {"do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True,
+               "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+               "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 512}, "resample": 1,
+               "rescale_factor": 1 / 255, "size": {"longest_edge": 2048},
+               "image_processor_type": "SmolVLMImageProcessor"}
+SMOLVLM_CONFIG = {"model_type": "smolvlm", "scale_factor": 4,
+                  "vision_config": {"image_size": 512, "patch_size": 16}}
+# Idefics3-8B-Llama3: 364-px tiles, 169 tokens each (26x26 patches / 2²).
+IDEFICS3_PRE = {**SMOLVLM_PRE, "max_image_size": {"longest_edge": 364}, "size": {"longest_edge": 1456},
+                "image_processor_type": "Idefics3ImageProcessor"}
+IDEFICS3_CONFIG = {"model_type": "idefics3", "scale_factor": 2,
+                   "vision_config": {"image_size": 364, "patch_size": 14}}
+ROW_COL_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+
+
+def _folder(tmp_path: Path, pre: dict, processor_config: dict | None = None) -> Path:
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(pre))
+    if processor_config is not None:
+        (tmp_path / "processor_config.json").write_text(json.dumps(processor_config))
+    return tmp_path
+
+
+def _image(kind: str, width: int, height: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    # "screen": a UI-like picture: white background, gradient header, dark text-like bars, sharp edges.
+    array = np.full((height, width, 3), 255, dtype=np.uint8)
+    array[: max(1, height // 12)] = np.linspace(30, 220, width, dtype=np.uint8)[None, :, None]
+    for top in range(height // 10, height - 8, max(12, height // 40)):
+        left = int(rng.integers(0, max(1, width // 4)))
+        right = min(width, left + int(rng.integers(width // 4 + 1, width + 2)))
+        array[top:top + 6, left:right] = rng.integers(0, 90, 3, dtype=np.uint8)
+    return Image.fromarray(array)
+
+
+def _byte_tokenizer(cls: type, specials: list[str]) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with no merges: any text round-trips; specials are single tokens."""
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = cls(tokenizer_object=tokenizer)
+    fast.add_special_tokens({"additional_special_tokens": specials})
+    return fast
+
+
+class _ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2VLProcessor without its video processor (that one needs torchvision); images and
+    text go through transformers' own code."""
+
+    def check_argument_for_proper_class(self, argument_name, argument):  # noqa: ANN001, ANN201
+        if argument_name == "video_processor":
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+# --- Qwen2-VL / Qwen2.5-VL -------------------------------------------------------------------------
+
+QWEN_CASES = [  # family, image kind, (width, height), budget
+    ("qwen2_vl", "random", (224, 224), VisionBudget()),
+    ("qwen2_vl", "screen", (1080, 2400), VisionBudget(max_pixels=1024 * 28 * 28)),
+    ("qwen2_5_vl", "screen", (1080, 2400), VisionBudget(max_pixels=256 * 28 * 28)),
+    ("qwen2_vl", "screen", (1080, 2400), VisionBudget()),  # the default: 3,354 tokens
+    ("qwen2_5_vl", "random", (37, 500), VisionBudget()),
+    ("qwen2_5_vl", "random", (640, 480), VisionBudget(min_pixels=401_408, max_pixels=802_816)),
+    ("qwen2_vl", "random", (20, 20), VisionBudget()),  # below min_pixels: upscaled
+    ("qwen2_vl", "screen", (1500, 10), VisionBudget(max_pixels=200_704)),  # aspect 150
+    ("qwen2_5_vl", "screen", (333, 777), VisionBudget(min_pixels=100_000)),
+]
+
+
+@pytest.mark.parametrize("family, kind, size, budget", QWEN_CASES)
+def test_qwen_equals_transformers(tmp_path: Path, family: str, kind: str, size: tuple[int, int],
+                                  budget: VisionBudget) -> None:
+    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": family, "vision_config": QWEN_VISION},
+                                budget)
+    image = _image(kind, *size)
+    ours = processor.process(image)
+    overrides = {k: v for k, v in (("min_pixels", budget.min_pixels), ("max_pixels", budget.max_pixels))
+                 if v is not None}
+    reference = Qwen2VLImageProcessor(**QWEN_PRE)(images=[image], return_tensors="np", **overrides)
+    grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
+    assert set(ours.feeds) == {"pixel_values", grid_name}
+    pixel_values = ours.feeds["pixel_values"]
+    assert pixel_values.dtype == np.float32 and ours.feeds[grid_name].dtype == np.int64
+    assert pixel_values.shape == reference["pixel_values"].shape
+    np.testing.assert_allclose(pixel_values, reference["pixel_values"], rtol=0, atol=1e-5)
+    assert np.array_equal(ours.feeds[grid_name], reference["image_grid_thw"])
+    assert ours.grid_thw == tuple(int(v) for v in reference["image_grid_thw"][0])
+    assert ours.num_tokens == int(reference["image_grid_thw"][0].prod()) // 4
+    assert ours.num_tokens == processor.num_tokens(*size)
+    assert ours.prompt_text == "<|image_pad|>" * ours.num_tokens
+    if size == (1080, 2400) and budget == VisionBudget():
+        assert ours.num_tokens == 3354  # the issue's figure for a screenshot at Qwen2-VL's default
+
+
+def test_qwen_prompt_equals_the_processor(tmp_path: Path) -> None:
+    budget = VisionBudget(max_pixels=100_000)
+    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, budget)
+    images = [_image("random", 300, 200), _image("screen", 108, 240, seed=1)]
+    text = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
+            "<|im_start|>user\nAnd <|vision_start|><|image_pad|><|vision_end|> here?<|im_end|>\n")
+    ours = processor.expand(text, [processor.process(image) for image in images])
+    tokenizer = _byte_tokenizer(Qwen2TokenizerFast, ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
+                                                     "<|video_pad|>", "<|im_start|>", "<|im_end|>"])
+    reference = _ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**QWEN_PRE, **{}),
+                                           tokenizer=tokenizer, video_processor=None)
+    expected = reference(images=images, text=text, images_kwargs={"max_pixels": 100_000})
+    assert tokenizer(ours)["input_ids"] == expected["input_ids"][0]
+    assert tokenizer.decode(expected["input_ids"][0]) == ours
+
+
+def test_qwen_rejects_extreme_aspect_ratio(tmp_path: Path) -> None:
+    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
+    with pytest.raises(InvalidInputError, match=r"^messages\[0\]: expected an aspect ratio of at most 200, got 2010x10"):
+        processor.process(Image.new("RGB", (2010, 10)), "messages[0]")
+
+
+def test_qwen_config_errors(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, QWEN_PRE)
+    with pytest.raises(ModelLoadError, match="merge_size 2 differs from config.json vision_config.spatial_merge_size 1"):
+        image_processor(folder, {"model_type": "qwen2_vl", "vision_config": {"spatial_merge_size": 1}},
+                        VisionBudget())
+    with pytest.raises(ConfigError, match="min_pixels 20000000 > max_pixels 12845056"):
+        image_processor(folder, {"model_type": "qwen2_vl"}, VisionBudget(min_pixels=20_000_000))
+    with pytest.raises(ConfigError, match="min_pixels .* must be <= max_pixels"):
+        VisionBudget(min_pixels=10, max_pixels=5)
+    with pytest.raises(ConfigError, match="max_pixels must be a positive integer"):
+        VisionBudget(max_pixels=0)
+
+
+# --- Idefics3 / SmolVLM ----------------------------------------------------------------------------
+
+IDEFICS_CASES = [  # family, image kind, (width, height), budget
+    ("smolvlm", "screen", (1080, 2400), VisionBudget()),  # 4x2 tiles + global: 576 tokens
+    ("smolvlm", "screen", (1080, 2400), VisionBudget(longest_edge=1024)),
+    ("smolvlm", "random", (1080, 2400), VisionBudget(split_image=False)),
+    ("smolvlm", "random", (700, 90), VisionBudget()),
+    ("smolvlm", "random", (20, 20), VisionBudget(longest_edge=512)),  # exactly one tile after resizing
+    ("smolvlm", "screen", (5000, 40), VisionBudget(longest_edge=5000)),  # over transformers' 4096 cap
+    ("idefics3", "random", (640, 480), VisionBudget()),
+    ("idefics3", "screen", (333, 777), VisionBudget(longest_edge=728, split_image=True)),
+]
+
+
+def _idefics_folder(tmp_path: Path, family: str) -> tuple[Path, dict]:
+    if family == "smolvlm":
+        return _folder(tmp_path, SMOLVLM_PRE, {"image_seq_len": 64}), SMOLVLM_CONFIG
+    return _folder(tmp_path, IDEFICS3_PRE), IDEFICS3_CONFIG
+
+
+@pytest.mark.parametrize("family, kind, size, budget", IDEFICS_CASES)
+def test_idefics_equals_transformers(tmp_path: Path, family: str, kind: str, size: tuple[int, int],
+                                     budget: VisionBudget) -> None:
+    folder, config = _idefics_folder(tmp_path, family)
+    processor = image_processor(folder, config, budget)
+    image = _image(kind, *size)
+    ours = processor.process(image)
+    overrides = {}
+    if budget.longest_edge is not None:
+        overrides["size"] = {"longest_edge": budget.longest_edge}
+    if budget.split_image is not None:
+        overrides["do_image_splitting"] = budget.split_image
+    cls = SmolVLMImageProcessor if family == "smolvlm" else Idefics3ImageProcessor
+    pre = SMOLVLM_PRE if family == "smolvlm" else IDEFICS3_PRE
+    reference = cls(**pre)(images=[image], return_tensors="np", return_row_col_info=True, **overrides)
+    assert set(ours.feeds) == {"pixel_values", "pixel_attention_mask"}
+    pixel_values, mask = ours.feeds["pixel_values"], ours.feeds["pixel_attention_mask"]
+    assert pixel_values.dtype == np.float32 and mask.dtype == np.bool_
+    assert pixel_values.shape == reference["pixel_values"].shape  # [1, tiles, 3, S, S]
+    np.testing.assert_allclose(pixel_values, reference["pixel_values"], rtol=0, atol=1e-5)
+    assert np.array_equal(mask, reference["pixel_attention_mask"].astype(bool))
+    tiles = pixel_values.shape[1]
+    rows, cols = reference["rows"][0][0], reference["cols"][0][0]
+    assert tiles == (rows * cols + 1 if rows else 1)
+    seq_len = 64 if family == "smolvlm" else 169
+    assert ours.grid_thw is None
+    assert ours.num_tokens == seq_len * tiles == ours.prompt_text.count("<image>")
+    assert ours.num_tokens == processor.num_tokens(*size)
+    if family == "smolvlm" and size == (1080, 2400) and budget == VisionBudget():
+        assert (rows, cols, ours.num_tokens) == (4, 2, 576)
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_idefics_prompt_equals_the_processor(tmp_path: Path, family: str) -> None:
+    folder, config = _idefics_folder(tmp_path, family)
+    processor = image_processor(folder, config, VisionBudget(longest_edge=1024))
+    images = [_image("random", 1000, 500), _image("screen", 300, 300, seed=1), _image("random", 200, 900)]
+    text = "<|im_start|>User:<image>Describe.<end_of_utterance>\nUser: and<image><image>?<end_of_utterance>\n"
+    ours = processor.expand(text, [processor.process(image) for image in images])
+    tokenizer = _byte_tokenizer(PreTrainedTokenizerFast, ["<fake_token_around_image>", "<image>", "<global-img>",
+                                                          "<end_of_utterance>", "<|im_start|>", *ROW_COL_TOKENS])
+    pre = SMOLVLM_PRE if family == "smolvlm" else IDEFICS3_PRE
+    # The Idefics3Processor writes the prompt; its text rule is also SmolVLMProcessor's (checked below).
+    reference = Idefics3Processor(image_processor=Idefics3ImageProcessor(**pre), tokenizer=tokenizer,
+                                  image_seq_len=processor.image_seq_len)
+    expected = reference(images=images, text=text, images_kwargs={"size": {"longest_edge": 1024}})
+    assert tokenizer(ours)["input_ids"] == expected["input_ids"][0]
+    assert tokenizer.decode(expected["input_ids"][0]) == ours
+
+
+def test_smolvlm_prompt_rule_equals_processing_smolvlm() -> None:
+    """SmolVLM's processor module needs torchvision to import; run its prompt functions alone."""
+    import transformers.models.smolvlm as package
+
+    source = (Path(package.__file__).parent / "processing_smolvlm.py").read_text()
+    wanted = {"_prompt_split_image", "_prompt_single_image", "get_image_prompt_string"}
+    tree = ast.parse(source)
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in wanted]
+    assert {node.name for node in functions} == wanted
+    namespace: dict = {}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), "processing_smolvlm.py", "exec"), namespace)
+    from edge_runtime.generation.vision.idefics_preprocess import image_prompt
+
+    for rows, cols in [(0, 0), (1, 1), (4, 2), (2, 5), (6, 6)]:
+        expected = namespace["get_image_prompt_string"](
+            rows, cols, 64, fake_token_around_image="<fake_token_around_image>", image_token="<image>",
+            global_image_token="<global-img>")
+        assert image_prompt(rows, cols, 64) == expected
+
+
+def test_idefics_config_errors(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, SMOLVLM_PRE, {"image_seq_len": 81})
+    with pytest.raises(ModelLoadError, match="image_seq_len 81 differs from 64"):
+        image_processor(folder, SMOLVLM_CONFIG, VisionBudget())
+    with pytest.raises(ModelLoadError, match="max_image_size.longest_edge 512 differs from config.json vision_config.image_size 384"):
+        image_processor(folder, {**SMOLVLM_CONFIG, "vision_config": {"image_size": 384, "patch_size": 16}},
+                        VisionBudget())
+    (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 64}))
+    processor = image_processor(folder, {"model_type": "smolvlm"}, VisionBudget())  # no vision_config
+    assert processor.image_seq_len == 64
+
+
+# --- shared ----------------------------------------------------------------------------------------
+
+def test_expand_counts_placeholders(tmp_path: Path) -> None:
+    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
+    one = processor.process(_image("random", 56, 56))
+    with pytest.raises(InvalidInputError, match=r"^prompt: the prompt has 2 image placeholder\(s\) '<\|image_pad\|>' "
+                                                r"but 1 image\(s\) were given"):
+        processor.expand("<|image_pad|> and <|image_pad|>", [one])
+    with pytest.raises(InvalidInputError, match="has 0 image placeholder"):
+        processor.expand("no image here", [one])
+    assert processor.expand("no image here", []) == "no image here"
+
+
+def test_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="preprocessor_config.json: missing"):
+        image_processor(tmp_path, {"model_type": "qwen2_vl"}, VisionBudget())
+    (tmp_path / "preprocessor_config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="unreadable JSON"):
+        image_processor(tmp_path, {"model_type": "qwen2_vl"}, VisionBudget())
+    _folder(tmp_path, QWEN_PRE)
+    with pytest.raises(ModelLoadError, match="no image preprocessing for model_type 'llava'"):
+        image_processor(tmp_path, {"model_type": "llava"}, VisionBudget())
+
+
+def test_prepare_image(tmp_path: Path) -> None:
+    processor: ImageProcessor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_5_vl"},
+                                                VisionBudget(max_pixels=50_000))
+    image = _image("screen", 108, 240)
+    prepared = prepare_image(image, "messages[0].content[0]", ImageAccess(), processor)
+    assert prepared.digest == image_digest(image)
+    direct = processor.process(image)
+    assert prepared.processed.num_tokens == direct.num_tokens
+    assert np.array_equal(prepared.processed.feeds["pixel_values"], direct.feeds["pixel_values"])
+    with pytest.raises(InvalidInputError, match=r"^messages\[0\].content\[0\]: expected a PNG"):
+        prepare_image(b"nope", "messages[0].content[0]", ImageAccess(), processor)
+
+
+def test_non_rgb_image_is_converted_first(tmp_path: Path) -> None:
+    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
+    image = _image("random", 84, 56).convert("RGBA")
+    expected = Qwen2VLImageProcessor(**QWEN_PRE)(images=[image], return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(processor.process(image).feeds["pixel_values"], expected, rtol=0, atol=1e-5)
