@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_split_arguments(split)
     split.set_defaults(handler=_cmd_split)
 
-    generate = sub.add_parser("generate", help="generate text with a decoder LLM folder (optimum export)")
+    generate = sub.add_parser("generate", help="generate text with a decoder LLM folder (optimum export) or a vision-language one (--image)")
     from edge_runtime.generation.command import add_generate_arguments  # argparse only: cheap to import
 
     add_generate_arguments(generate)

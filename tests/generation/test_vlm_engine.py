@@ -255,3 +255,31 @@ def test_runtime_loads_the_vision_encoder_like_any_tensor_model(vlm_folder: Path
     finally:
         model.close()
         runtime.close()
+
+
+def test_generate_command_with_images_equals_the_embedded_api(vlm_folder: Path, vlm_factory, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    image = tmp_path / "screen.png"
+    _image(14).save(image)
+    messages = _messages(None, "What is on the screen?")
+    (tmp_path / "messages.json").write_text(json.dumps(messages))
+    model = vlm_factory()
+    from_messages = model.generate(messages=[*messages[:-1], {"role": "user", "content": [
+        {"type": "image", "image": image}, {"type": "text", "text": "What is on the screen?"}]}], max_tokens=6)
+    from_prompt = model.generate(prompt="Describe:", images=[image], max_tokens=6)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path), "PYTHONPATH": str(root), "EDGE_RUNTIME_THREADS": "1"}
+    for args, expected in ((["--messages", str(tmp_path / "messages.json")], from_messages),
+                           (["--prompt", "Describe:"], from_prompt)):
+        run = subprocess.run([sys.executable, "-m", "edge_runtime", "generate", str(vlm_folder), "--image", str(image),
+                              *args, "--max-tokens", "6", "--json"], capture_output=True, text=True, env=env,
+                             timeout=240)
+        assert run.returncode == 0, run.stderr
+        report = json.loads(run.stdout)
+        assert report["token_ids"] == list(expected.token_ids)
+        assert report["usage"]["prompt_tokens"] == expected.usage.prompt_tokens
+        assert report["timings_ms"]["vision_encode_ms"] > 0
