@@ -283,3 +283,17 @@ def test_generate_command_with_images_equals_the_embedded_api(vlm_folder: Path, 
         assert report["token_ids"] == list(expected.token_ids)
         assert report["usage"]["prompt_tokens"] == expected.usage.prompt_tokens
         assert report["timings_ms"]["vision_encode_ms"] > 0
+
+
+def test_warm_up_runs_the_decoder_and_the_vision_encoder(vlm_factory) -> None:
+    from edge_runtime.generation.warmup import GenerationWarmupConfig, warm_up_generative
+
+    model = vlm_factory()
+    calls = []
+    encode = model.prompter.encoder.encode
+    model.prompter.encoder.encode = lambda feeds, tokens: (calls.append(tokens), encode(feeds, tokens))[1]
+    report = warm_up_generative(model, GenerationWarmupConfig(prompt_tokens=12, decode_steps=2))
+    assert report.done and report.vision_ms > 0 and len(calls) == 1
+    assert model.batcher.warmups == 1
+    request = {"messages": _messages(_image(15)), "max_tokens": 6, "ignore_eos": True}
+    assert model.generate(**request).token_ids == vlm_factory().generate(**request).token_ids
