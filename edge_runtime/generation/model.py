@@ -33,32 +33,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Sequence
 
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.prepared import PreparedPrompt, RequestTimings, request_timings
 from edge_runtime.generation.sampling import SamplingParams, TokenChoice
-from edge_runtime.generation.sequence import Chunk, Sequence as Request, Usage
+from edge_runtime.generation.sequence import Chunk, Usage
 from edge_runtime.generation.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from edge_runtime.generation.vision.encoder import VisionLoader
-    from edge_runtime.generation.vision.prompt import ImageTimings
     from edge_runtime.generation.vision.settings import VisionSettings
 
+__all__ = ["GenerationResult", "GenerativeModel", "PreparedPrompt", "RequestTimings", "load_generative",
+           "sampling_params"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RequestTimings:
-    """Where one request's time to first token went, in milliseconds."""
-
-    prepare_ms: float  # template, tokeniser and all image work below
-    image_decode_ms: float  # reading and decoding images (part of prepare)
-    image_preprocess_ms: float  # resize, normalise, patch (part of prepare)
-    vision_encode_ms: float  # vision encoder, embedding and splice (part of prepare)
-    queue_ms: float  # queued until its first prefill chunk
-    prefill_ms: float  # first prefill chunk to the last one (decode steps of other streams interleave)
-    first_token_ms: float  # from the call to the first token: all of the above, plus sampling
-
-    def to_dict(self) -> dict[str, float]:
-        return {k: round(v, 3) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -71,22 +58,6 @@ class GenerationResult:
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
     timings: RequestTimings | None = None
-
-
-@dataclass(frozen=True)
-class PreparedPrompt:
-    """A request's prompt as token ids (and the text they came from).
-
-    A prompt with images also carries the engine's precomputed inputs (``inputs``), its
-    prefix-cache key (``cache_key``) and what its images cost (``image_timings``).
-    """
-
-    ids: list[int]
-    text: str
-    inputs: Any = None
-    cache_key: list[int] | None = None
-    image_timings: "ImageTimings | None" = None
-    prepare_s: float = 0.0
 
 
 @dataclass
@@ -224,7 +195,6 @@ class GenerativeModel:
         from edge_runtime.generation.vision.messages import image_inputs, split_images
 
         assert self.prompter is not None
-        started = time.perf_counter()
         inputs = image_inputs(images)
         if messages is not None:
             if inputs:
@@ -238,10 +208,9 @@ class GenerativeModel:
         if not inputs:
             ids = (self.tokenizer.encode_prompt(text) if plain
                    else self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids)
-            return PreparedPrompt(ids, text, prepare_s=time.perf_counter() - started)
+            return PreparedPrompt(ids, text)
         built = self.prompter.build(text, inputs, add_special_tokens=plain)
-        return PreparedPrompt(built.ids, built.text, built.inputs, built.cache_key, built.timings,
-                              time.perf_counter() - started)
+        return PreparedPrompt(built.ids, built.text, built.inputs, built.cache_key, built.timings)
 
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:
         """Queue one request; ``sink(chunk)`` is called on the batcher thread. Returns a handle for ``cancel``."""
@@ -261,6 +230,7 @@ class GenerativeModel:
         chunks: "queue.Queue[Chunk]" = queue.Queue()
         started = time.perf_counter()
         prepared = self.prepare(prompt, messages, images)
+        submitted = time.perf_counter()
         handle = self.submit(prepared, sampling_params(**params), chunks.put)
         collected = _Collected()
         first: float | None = None
@@ -275,7 +245,7 @@ class GenerativeModel:
             collected.add(chunk)
             if chunk.finish_reason is not None:
                 return self._result(collected, chunk, first, time.perf_counter() - started,
-                                    request_timings(prepared, handle, started))
+                                    request_timings(prepared, handle, started, submitted))
 
     async def stream(self, prompt: str | Sequence[int] | None = None, *,
                      messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
@@ -338,20 +308,6 @@ class GenerativeModel:
         self.batcher.close(10.0)
         if self.prompter is not None:
             self.prompter.encoder.close()
-
-
-def request_timings(prepared: PreparedPrompt, handle: Any, started_s: float) -> RequestTimings | None:
-    """The time breakdown of a finished request (None when the batcher keeps no per-sequence times:
-    onnxruntime-genai, or a request that never reached its first token)."""
-    if not isinstance(handle, Request) or handle.first_token_s is None or handle.prefill_started_s is None:
-        return None
-    image = prepared.image_timings
-    submitted = started_s + prepared.prepare_s
-    done = handle.prefill_done_s if handle.prefill_done_s is not None else handle.first_token_s
-    return RequestTimings(prepared.prepare_s * 1e3, image.decode_ms if image else 0.0,
-                          image.preprocess_ms if image else 0.0, image.encode_ms if image else 0.0,
-                          max(0.0, handle.prefill_started_s - submitted) * 1e3,
-                          (done - handle.prefill_started_s) * 1e3, (handle.first_token_s - started_s) * 1e3)
 
 
 def load_generative(path: Path, name: str | None = None, settings: GenerationSettings | None = None,
