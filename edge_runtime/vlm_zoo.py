@@ -121,7 +121,8 @@ def vlm_config(family: str, shape: VLMShape, ids: dict[str, int]) -> dict[str, A
     else:
         text.update(model_type="llama", tie_word_embeddings=False, bos_token_id=ids["<|im_start|>"],
                     eos_token_id=ids["<end_of_utterance>"], pad_token_id=ids["<|im_end|>"])
-        config = {"text_config": text, "vision_config": spec.config(), "image_token_id": ids["<image>"],
+        vision = {**spec.config(), "model_type": f"{family}_vision"}
+        config = {"text_config": text, "vision_config": vision, "image_token_id": ids["<image>"],
                   "scale_factor": spec.scale_factor, "tie_word_embeddings": False,
                   "pad_token_id": ids["<|im_end|>"]}
     config.update(model_type=family, architectures=[ARCHITECTURES[family]], torch_dtype="float32")
@@ -150,10 +151,12 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     else:
         spec = vision_spec(family, shape)
-        processor = idefics_preprocessor_config(family, spec.image_size, shape.extra.get("longest_edge",
-                                                                                          2 * spec.image_size),
+        processor = idefics_preprocessor_config(family, spec.image_size,
+                                                shape.extra.get("longest_edge", 2 * spec.image_size),
                                                 shape.extra.get("split", True))
         eos = [ids["<end_of_utterance>"]]
+        (folder / "processor_config.json").write_text(json.dumps(
+            {"image_seq_len": spec.image_seq_len, "processor_class": processor["processor_class"]}, indent=2))
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     generation = {"bos_token_id": text["bos_token_id"], "eos_token_id": eos, "pad_token_id": text.get(
         "pad_token_id", ids.get("<|endoftext|>")), "do_sample": False}

@@ -40,6 +40,9 @@ class VLMSpec:
     vision_depth: int = 2
     vision_dim: int = 32
     vision_heads: int = 4
+    image_size: int = 32          # idefics3/smolvlm: the tile side
+    longest_edge: int = 64        # idefics3/smolvlm: resize target before splitting
+    split: bool = True            # idefics3/smolvlm: do_image_splitting
     seed: int = 0
 
     @property
@@ -90,6 +93,26 @@ def _qwen_model(spec: VLMSpec, ids: dict[str, int]):
     return transformers.Qwen2VLForConditionalGeneration(config)
 
 
+def _idefics_model(spec: VLMSpec, ids: dict[str, int]):
+    import transformers
+
+    text = dict(model_type="llama", vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=False,
+                bos_token_id=ids["<|im_start|>"], eos_token_id=ids["<end_of_utterance>"],
+                pad_token_id=ids["<|im_end|>"])
+    vision = dict(num_hidden_layers=spec.vision_depth, hidden_size=spec.vision_dim,
+                  num_attention_heads=spec.vision_heads, intermediate_size=2 * spec.vision_dim,
+                  image_size=spec.image_size, patch_size=4)
+    if spec.family == "smolvlm":
+        config = transformers.SmolVLMConfig(text_config=text, vision_config=vision, image_token_id=ids["<image>"],
+                                            scale_factor=2, tie_word_embeddings=False, pad_token_id=ids["<|im_end|>"])
+        return transformers.SmolVLMForConditionalGeneration(config)
+    config = transformers.Idefics3Config(text_config=text, vision_config=vision, image_token_id=ids["<image>"],
+                                         scale_factor=2, tie_word_embeddings=False, pad_token_id=ids["<|im_end|>"])
+    return transformers.Idefics3ForConditionalGeneration(config)
+
+
 def checkpoint(spec: VLMSpec, root: Path) -> Path:
     """The saved checkpoint folder (built once per spec under ``root``)."""
     out = Path(root) / f"hf-{spec.family}-{spec.key}"
@@ -98,7 +121,7 @@ def checkpoint(spec: VLMSpec, root: Path) -> Path:
     import torch
     import transformers
 
-    from edge_runtime.vlm_files import qwen_preprocessor_config, write_vlm_text_files
+    from edge_runtime.vlm_files import idefics_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -109,6 +132,13 @@ def checkpoint(spec: VLMSpec, root: Path) -> Path:
         model = _qwen_model(spec, ids)
         processor = qwen_preprocessor_config(spec.family, 56 * 56, 28 * 28 * 64)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    elif spec.family in ("idefics3", "smolvlm"):
+        model = _idefics_model(spec, ids)
+        processor = idefics_preprocessor_config(spec.family, spec.image_size, spec.longest_edge, spec.split)
+        seq_len = (spec.image_size // 4) ** 2 // 4
+        (tmp / "processor_config.json").write_text(json.dumps(
+            {"image_seq_len": seq_len, "processor_class": processor["processor_class"]}))
+        eos = [ids["<end_of_utterance>"]]
     else:
         raise ValueError(f"no checkpoint builder for {spec.family!r}")
     model.eval()
@@ -136,6 +166,35 @@ def sample_image(width: int = 84, height: int = 56, seed: int = 0):
     base = np.linspace(0, 255, width, dtype=np.float32)[None, :, None] * np.ones((height, 1, 3), np.float32)
     pixels = np.clip(base + rng.normal(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
     return Image.fromarray(pixels)
+
+
+def model_inputs(family: str, folder: Path, image, text: str) -> dict[str, np.ndarray]:
+    return qwen_inputs(folder, image, text) if family.startswith("qwen") else idefics_inputs(folder, image, text)
+
+
+def idefics_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
+    """input_ids, attention_mask, pixel_values, pixel_attention_mask from transformers' Idefics3Processor.
+
+    SmolVLMProcessor needs torchvision (video); its prompt expansion is Idefics3's, and SmolVLM's
+    image processor gives the pixels (checked equal to Idefics3's here)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    settings = json.loads((folder / "processor_config.json").read_text())
+    processor = transformers.Idefics3Processor(
+        image_processor=transformers.Idefics3ImageProcessor.from_pretrained(folder), tokenizer=tokenizer,
+        image_seq_len=settings["image_seq_len"], chat_template=tokenizer.chat_template)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    out = dict(processor(text=[prompt], images=[[image]], return_tensors="np"))
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    if config["image_processor_type"] == "SmolVLMImageProcessor":
+        smol = transformers.SmolVLMImageProcessor.from_pretrained(folder)(images=[[image]], return_tensors="np")
+        np.testing.assert_array_equal(smol["pixel_values"], out["pixel_values"])
+        np.testing.assert_array_equal(smol["pixel_attention_mask"], out["pixel_attention_mask"])
+    return {"input_ids": out["input_ids"].astype(np.int64), "attention_mask": out["attention_mask"].astype(np.int64),
+            "pixel_values": out["pixel_values"].astype(np.float32),
+            "pixel_attention_mask": out["pixel_attention_mask"].astype(bool)}
 
 
 def qwen_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
