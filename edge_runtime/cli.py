@@ -156,18 +156,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from edge_runtime.demo import format_table, run_demo
 
     from edge_runtime.generation.command import format_generation, generation_demo
+    from edge_runtime.generation.vision.demo import format_vlm_demo, vlm_demo
     from edge_runtime.runtime import Runtime
 
     runtime = Runtime()
     try:
         rows, chosen = run_demo(repeat=args.repeat, runtime=runtime)
         generation = generation_demo(runtime)
+        vision = vlm_demo(runtime)
     finally:
         runtime.close()
     if args.json:
-        _print_json({"rows": rows, "auto_backend": chosen, "generation": generation})
+        _print_json({"rows": rows, "auto_backend": chosen, "generation": generation, "vision": vision})
     else:
-        print(format_table(rows, chosen) + format_generation(generation))
+        print(format_table(rows, chosen) + format_generation(generation) + format_vlm_demo(vision))
     return 0
 
 
