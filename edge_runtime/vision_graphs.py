@@ -180,14 +180,32 @@ class _QwenVision(VisionGraph):
         # attention stays within one frame: global frame number = frames of earlier images + frame in image
         frame_ends = g.op("CumSum", [t, self.const("axis0", np.int64(0))])
         frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
-        same = g.op("Equal", [g.op("Unsqueeze", [frame, self.ints(1)]), g.op("Unsqueeze", [frame, self.ints(0)])])
-        bias = g.op("Where", [same, self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))])
-        return g.op("Cos", [angles]), g.op("Sin", [angles]), bias
+        self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for windowed attention
+        return g.op("Cos", [angles]), g.op("Sin", [angles]), self.bias(self.same(frame))
+
+    def same(self, key: str) -> str:
+        """[patches, patches] bool: patch i and patch j have equal ``key``."""
+        g = self.g
+        return g.op("Equal", [g.op("Unsqueeze", [key, self.ints(1)]), g.op("Unsqueeze", [key, self.ints(0)])])
+
+    def bias(self, allowed: str) -> str:
+        open_, closed = self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))
+        return self.g.op("Where", [allowed, open_, closed])
+
+    def norm(self, x: str, name: str) -> str:
+        return self.layer_norm(x, name, 1e-6)
+
+    def mlp(self, x: str, prefix: str) -> str:
+        return self.linear(self.act(self.linear(x, prefix + "mlp.fc1"), self.s.act), prefix + "mlp.fc2")
+
+    def biases(self, full: str) -> list[str]:
+        """Each block's attention bias; Qwen2-VL attends over the whole frame in every block."""
+        return [full] * self.s.depth
 
     def block(self, x: str, n: int, cos: str, sin: str, bias: str) -> str:
         g, s, d = self.g, self.s, self.s.head_dim
         p = f"visual.blocks.{n}."
-        h = self.layer_norm(x, p + "norm1", 1e-6)
+        h = self.norm(x, p + "norm1")
         qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])
         qkv = g.op("Transpose", [qkv], perm=[1, 2, 0, 3])  # [3, heads, patches, dim]
         q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=0)
@@ -195,24 +213,23 @@ class _QwenVision(VisionGraph):
         out = self.attention(q, k, v, bias, d)  # [1, heads, patches, dim]
         out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(-1, s.embed_dim)])
         x = g.op("Add", [x, self.linear(out, p + "attn.proj")])
-        h = self.layer_norm(x, p + "norm2", 1e-6)
-        return g.op("Add", [x, self.linear(self.act(self.linear(h, p + "mlp.fc1"), s.act), p + "mlp.fc2")])
+        return g.op("Add", [x, self.mlp(self.norm(x, p + "norm2"), p)])
 
     def build(self) -> onnx.ModelProto:
         g, s = self.g, self.s
         kernel = self.w["visual.patch_embed.proj.weight"].reshape(s.embed_dim, -1)
         x = g.op("MatMul", ["pixel_values", self.const("patch_embed", np.ascontiguousarray(kernel.T))])
         cos, sin, bias = self.positions()
-        for n in range(s.depth):
-            x = self.block(x, n, cos, sin, bias)
-        x = self.layer_norm(x, "visual.merger.ln_q", 1e-6)
+        for n, block_bias in enumerate(self.biases(bias)):
+            x = self.block(x, n, cos, sin, block_bias)
+        x = self.norm(x, "visual.merger.ln_q")
         x = g.op("Reshape", [x, self.ints(-1, s.embed_dim * s.merge * s.merge)])
         x = self.linear(self.act(self.linear(x, "visual.merger.mlp.0"), "gelu"), "visual.merger.mlp.2")
         g.nodes[-1].output[0] = "image_features"
         inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
                   helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
         out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", s.out_hidden])
-        return g.model("qwen2_vl_vision_encoder", inputs, [out])
+        return g.model(f"{s.config()['model_type']}_vision_encoder", inputs, [out])
 
 
 def build_qwen2_vl_vision(spec: QwenVisionSpec, weights: dict[str, np.ndarray],

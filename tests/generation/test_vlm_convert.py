@@ -20,7 +20,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
-         "smolvlm": VLMSpec(family="smolvlm", seed=2)}
+         "smolvlm": VLMSpec(family="smolvlm", seed=2),
+         "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3)}
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 QWEN = SPECS["qwen2_vl"]
 
 
@@ -84,18 +86,19 @@ def test_converted_folder_has_the_transformers_js_layout(family: str, converted:
     config = json.loads((converted / "config.json").read_text())
     spec = SPECS[family]
     assert config["model_type"] == family
-    if family == "qwen2_vl":  # transformers.js reads Qwen2-VL's text sizes at the top level
+    if family in QWEN_FAMILIES:  # transformers.js reads Qwen2-VL's text sizes at the top level
         assert config["num_key_value_heads"] == config["text_config"]["num_key_value_heads"]
     assert config["transformers.js_config"]["use_external_data_format"] == {"decoder_model_merged.onnx": 1}
-    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json",
-                 "onnx/decoder_model_merged.onnx_data") + (() if family == "qwen2_vl" else ("processor_config.json",)):
+    files = ["tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json",
+             "onnx/decoder_model_merged.onnx_data"] + ([] if family in QWEN_FAMILIES else ["processor_config.json"])
+    for name in files:
         assert (converted / name).is_file(), name
-    placeholder = "<|image_pad|>" if family == "qwen2_vl" else "<image>"
+    placeholder = "<|image_pad|>" if family in QWEN_FAMILIES else "<image>"
     assert placeholder in json.loads((converted / "tokenizer_config.json").read_text())["chat_template"]
     names = {part: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
              for part in ("vision_encoder", "embed_tokens", "decoder_model_merged")
              for s in [session(converted, part)]}
-    second = "grid_thw" if family == "qwen2_vl" else "pixel_attention_mask"
+    second = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw"}.get(family, "pixel_attention_mask")
     assert names["vision_encoder"] == (["pixel_values", second], ["image_features"])
     assert names["embed_tokens"] == (["input_ids"], ["inputs_embeds"])
     inputs, outputs = names["decoder_model_merged"]
@@ -104,15 +107,18 @@ def test_converted_folder_has_the_transformers_js_layout(family: str, converted:
     assert outputs == ["logits"] + [f"present.{n}.{k}" for n in range(spec.layers) for k in ("key", "value")]
 
 
-@pytest.mark.parametrize("grid", [[[1, 4, 6]], [[2, 4, 2]], [[1, 2, 4], [1, 6, 2]]], ids=["image", "t2", "two"])
-def test_qwen_vision_features_equal_transformers(qwen_converted: Path, qwen_model, grid: list) -> None:
-    """Grids the processor makes for an image, a 2-frame clip (attention per frame) and two images in one call."""
+@pytest.mark.parametrize("family", QWEN_FAMILIES, indirect=True)
+@pytest.mark.parametrize("grid", [[[1, 4, 6]], [[2, 8, 6]], [[1, 10, 6], [1, 4, 4]]], ids=["image", "t2", "two"])
+def test_qwen_vision_features_equal_transformers(family: str, converted: Path, model, grid: list) -> None:
+    """Grids of an image, a 2-frame clip (attention per frame) and two images in one call; Qwen2.5-VL's
+    windows (2x2 merge blocks here) cut these grids into full and partial windows."""
     grid = np.array(grid, np.int64)
     pixels = np.random.default_rng(1).standard_normal((int(np.prod(grid, axis=1).sum()), 1176)).astype(np.float32)
-    ours = session(qwen_converted, "vision_encoder").run(None, {"pixel_values": pixels, "grid_thw": grid})[0]
+    feeds = vision_feeds(family, {"pixel_values": pixels, "image_grid_thw": grid})
+    ours = session(converted, "vision_encoder").run(None, feeds)[0]
     with torch.no_grad():
-        theirs = qwen_model.model.visual(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid)).numpy()
-    assert ours.shape == theirs.shape == (pixels.shape[0] // 4, QWEN.hidden)
+        theirs = model.model.visual(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid)).numpy()
+    assert ours.shape == theirs.shape == (pixels.shape[0] // 4, SPECS[family].hidden)
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
@@ -134,8 +140,9 @@ def test_idefics_vision_features_with_padding_equal_transformers(converted: Path
 
 
 def vision_feeds(family: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if family == "qwen2_vl":
-        return {"pixel_values": inputs["pixel_values"], "grid_thw": inputs["image_grid_thw"]}
+    if family in QWEN_FAMILIES:
+        grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
+        return {"pixel_values": inputs["pixel_values"], grid_name: inputs["image_grid_thw"]}
     return {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
 
 
@@ -166,7 +173,7 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, conve
     mask = np.ones((2, total), np.int64)
     mask[1, :2] = 0
     base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    if family == "qwen2_vl":
+    if family in QWEN_FAMILIES:
         positions = np.stack([base, base // 2 + (base > 4) * 3, base % 3 + base // 3]).astype(np.int64)
     else:
         positions = base.astype(np.int64)
@@ -200,11 +207,11 @@ def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray],
     assert rows.sum() == len(features)
     embeds[0, rows] = features
     length, delta = ids.shape[1], 0
-    if family == "qwen2_vl":
+    if family in QWEN_FAMILIES:
         with torch.no_grad():  # transformers' get_rope_index: the positions oracle (the engine has its own)
             positions, deltas = model.model.get_rope_index(
-                torch.from_numpy(ids), torch.from_numpy(inputs["image_grid_thw"]), None,
-                torch.from_numpy(inputs["attention_mask"]))
+                input_ids=torch.from_numpy(ids), image_grid_thw=torch.from_numpy(inputs["image_grid_thw"]),
+                attention_mask=torch.from_numpy(inputs["attention_mask"]))
         positions, delta = positions.numpy(), int(deltas[0, 0])
     else:
         positions = np.arange(length, dtype=np.int64)[None]
@@ -220,13 +227,13 @@ def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray],
         if token in eos or len(tokens) == max_new:
             return tokens
         past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
-        position = np.full((3, 1, 1) if family == "qwen2_vl" else (1, 1), length + delta, np.int64)
+        position = np.full((3, 1, 1) if family in QWEN_FAMILIES else (1, 1), length + delta, np.int64)
         feeds = {"inputs_embeds": embed.run(None, {"input_ids": np.array([[token]], np.int64)})[0],
                  "attention_mask": np.ones((1, length + 1), np.int64), "position_ids": position, **past}
         length += 1
 
 
-@pytest.mark.parametrize("size", [(84, 56), (40, 48)], ids=["wide", "tall"])
+@pytest.mark.parametrize("size", [(84, 56), (40, 48), (140, 112)], ids=["wide", "tall", "windows"])
 def test_greedy_tokens_equal_transformers_generate(family: str, converted: Path, model, size: tuple) -> None:
     inputs = model_inputs(family, converted, sample_image(*size, seed=5), "tap the settings button")
     with torch.no_grad():

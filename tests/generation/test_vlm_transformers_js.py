@@ -12,14 +12,16 @@ x64/arm64 CPU binaries are enough. Without it the test skips (a failure under CI
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from vlm_checkpoints import VLMSpec, checkpoint, load_model, qwen_inputs, sample_image, vlm_root
+from vlm_checkpoints import VLMSpec, checkpoint, load_model, model_inputs, sample_image, vlm_root
 
 torch = pytest.importorskip("torch")
 
@@ -37,19 +39,42 @@ def node_greedy(folder: Path, image: Path, prompt: str, max_new: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("spec", [VLMSpec(family="qwen2_vl")], ids=lambda s: s.family)
-def test_transformers_js_greedy_tokens_equal_transformers(spec: VLMSpec, tmp_path_factory, tmp_path: Path) -> None:
+# Image sizes chosen so that the processors need no resampling, except SmolVLM's global image (64 -> 32):
+# transformers.js resizes with sharp, transformers with Pillow, and their filters differ slightly.
+CASES = [(VLMSpec(family="qwen2_vl"), (84, 56)), (VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3), (140, 112)),
+         (VLMSpec(family="idefics3", seed=1, split=False, longest_edge=32), (32, 32)),
+         (VLMSpec(family="smolvlm", seed=2), (64, 64))]
+DTYPES = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}
+
+
+def decode(tensor: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(tensor["b64"]), DTYPES[tensor["dtype"]]).reshape(tensor["dims"])
+
+
+@pytest.mark.parametrize("spec,size", CASES, ids=[spec.family for spec, _ in CASES])
+def test_transformers_js_greedy_tokens_equal_transformers(spec: VLMSpec, size: tuple, tmp_path_factory,
+                                                          tmp_path: Path) -> None:
     from edge_runtime.vision_convert import convert_vlm_folder
 
     hf = checkpoint(spec, vlm_root(tmp_path_factory))
     folder = convert_vlm_folder(hf, tmp_path / spec.family)
-    image, prompt = sample_image(seed=5), "tap the settings button"
+    image, prompt = sample_image(*size, seed=5), "tap the settings button"
     image.save(tmp_path / "screen.png")
-    inputs = qwen_inputs(folder, image, prompt)
-    with torch.no_grad():
-        generated = load_model(hf).generate(**{k: torch.from_numpy(v) for k, v in inputs.items()},
-                                            max_new_tokens=12, do_sample=False)
-    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    inputs = model_inputs(spec.family, folder, image, prompt)
     js = node_greedy(folder, tmp_path / "screen.png", prompt, 12)
     assert js["prompt_ids"] == inputs["input_ids"][0].tolist()  # same template rendering and image expansion
+    js_inputs = {name: decode(tensor) for name, tensor in js["inputs"].items()}
+    assert sorted(js_inputs) == sorted(set(inputs) - {"input_ids", "attention_mask"})
+    exact = slice(None) if spec.family != "smolvlm" else slice(0, -1)  # all but SmolVLM's resized global tile
+    np.testing.assert_allclose(js_inputs["pixel_values"][:, exact], inputs["pixel_values"][:, exact], atol=1e-5)
+    np.testing.assert_allclose(js_inputs["pixel_values"], inputs["pixel_values"], atol=0.5)
+    for name in set(js_inputs) - {"pixel_values"}:
+        np.testing.assert_array_equal(js_inputs[name], inputs[name])
+    # transformers on the pixels transformers.js made: any difference left is in the models
+    inputs.update(js_inputs)
+    with torch.no_grad():
+        generated = load_model(hf).generate(**{k: torch.from_numpy(np.array(v)) for k, v in inputs.items()},
+                                            max_new_tokens=12, do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
     assert js["tokens"] == expected
+    assert len(set(expected)) > 3

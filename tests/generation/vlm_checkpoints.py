@@ -84,12 +84,18 @@ def _qwen_model(spec: VLMSpec, ids: dict[str, int]):
                 max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
                 rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                  vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                  tie_word_embeddings=True)
+    if spec.family == "qwen2_5_vl":  # windows of 2x2 merge blocks, the last block attends fully
+        vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_dim, num_heads=spec.vision_heads,
+                      intermediate_size=2 * spec.vision_dim, out_hidden_size=spec.hidden, window_size=56,
+                      fullatt_block_indexes=[spec.vision_depth - 1])
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+        return transformers.Qwen2_5_VLForConditionalGeneration(config)
     vision = dict(depth=spec.vision_depth, embed_dim=spec.vision_dim, num_heads=spec.vision_heads, mlp_ratio=4,
                   hidden_size=spec.hidden)
-    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                                        video_token_id=ids["<|video_pad|>"],
-                                        vision_start_token_id=ids["<|vision_start|>"],
-                                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
     return transformers.Qwen2VLForConditionalGeneration(config)
 
 
@@ -128,7 +134,7 @@ def checkpoint(spec: VLMSpec, root: Path) -> Path:
     tmp.mkdir(parents=True)
     ids = write_vlm_text_files(tmp, spec.family, spec.vocab, spec.seed)
     torch.manual_seed(spec.seed)
-    if spec.family == "qwen2_vl":
+    if spec.family in ("qwen2_vl", "qwen2_5_vl"):
         model = _qwen_model(spec, ids)
         processor = qwen_preprocessor_config(spec.family, 56 * 56, 28 * 28 * 64)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]

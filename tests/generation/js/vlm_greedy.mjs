@@ -4,8 +4,10 @@
 //
 // Loads the folder exactly as a transformers.js user would (AutoProcessor and
 // AutoModelForImageTextToText, fp32, CPU), local files only, renders one user turn
-// [image, text] with the folder's chat template and prints
-// {"prompt_ids": [...], "tokens": [...]} (the prompt after image expansion, then the new tokens).
+// [image, text] with the folder's chat template and prints one JSON object:
+// {"prompt_ids": [...], "tokens": [...], "inputs": {name: {"dims": [...], "dtype": ..., "b64": ...}}}
+// (the prompt after image expansion, the new tokens, and the vision inputs its processor made, so a
+// test can tell preprocessing differences from model differences).
 import path from 'node:path';
 
 import { AutoModelForImageTextToText, AutoProcessor, RawImage, env } from '@huggingface/transformers';
@@ -29,5 +31,13 @@ const inputs = await processor(text, image);
 const output = await model.generate({ ...inputs, max_new_tokens: Number(maxNew), do_sample: false });
 const promptLength = inputs.input_ids.dims[1];
 const all = output.tolist()[0].map(Number);
-console.log(JSON.stringify({ prompt_ids: all.slice(0, promptLength), tokens: all.slice(promptLength) }));
+const vision = {};
+for (const name of ['pixel_values', 'pixel_attention_mask', 'image_grid_thw']) {
+    const tensor = inputs[name];
+    if (tensor) {
+        const bytes = Buffer.from(tensor.data.buffer, tensor.data.byteOffset, tensor.data.byteLength);
+        vision[name] = { dims: tensor.dims, dtype: tensor.type, b64: bytes.toString('base64') };
+    }
+}
+console.log(JSON.stringify({ prompt_ids: all.slice(0, promptLength), tokens: all.slice(promptLength), inputs: vision }));
 await model.dispose();

@@ -1,0 +1,98 @@
+"""The Qwen2.5-VL vision tower written with ``onnx.helper`` (no torch), from Hugging Face weights.
+
+Qwen2-VL's tower (``edge_runtime.vision_graphs``) with RMSNorm instead of LayerNorm, a
+SwiGLU MLP with biases, an RMSNorm patch merger, and *window attention*: every block not
+in ``fullatt_block_indexes`` attends only within windows of ``window_size`` pixels
+(``window_size / patch / merge`` merge blocks a side), per frame. transformers reorders
+the patches window by window, attends over contiguous windows, and restores the order
+after the merger; attention is the same under any order given the same visible sets,
+and the merger works on whole merge blocks, so here the patches keep their order and
+each windowed block gets a mask "same frame, same window row, same window column".
+Input ``pixel_values`` and ``image_grid_thw`` (transformers.js's name for Qwen2.5-VL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from edge_runtime.vision_graphs import QwenVisionSpec, _QwenVision
+
+
+@dataclass(frozen=True)
+class Qwen25VisionSpec(QwenVisionSpec):
+    act: str = "silu"
+    window_size: int = 56                   # pixels; 56 / 14 / 2 = 2 merge blocks a side here
+    fullatt_blocks: tuple[int, ...] = (1,)  # fullatt_block_indexes
+
+    @property
+    def window_blocks(self) -> int:
+        return self.window_size // self.merge // self.patch
+
+    def config(self) -> dict:
+        return {"model_type": "qwen2_5_vl", "depth": self.depth, "hidden_size": self.embed_dim,
+                "out_hidden_size": self.out_hidden, "intermediate_size": self.mlp_hidden, "hidden_act": self.act,
+                "num_heads": self.heads, "in_channels": self.channels, "patch_size": self.patch,
+                "spatial_merge_size": self.merge, "temporal_patch_size": self.temporal,
+                "window_size": self.window_size, "fullatt_block_indexes": list(self.fullatt_blocks),
+                "tokens_per_second": 2}
+
+
+def qwen25_vision_spec(config: dict) -> Qwen25VisionSpec:
+    v = config["vision_config"]
+    return Qwen25VisionSpec(depth=v["depth"], embed_dim=v["hidden_size"], heads=v["num_heads"],
+                            mlp_hidden=v["intermediate_size"], out_hidden=v["out_hidden_size"],
+                            patch=v.get("patch_size", 14), temporal=v.get("temporal_patch_size", 2),
+                            merge=v.get("spatial_merge_size", 2), channels=v.get("in_channels", 3),
+                            act=v.get("hidden_act", "silu"), window_size=v.get("window_size", 112),
+                            fullatt_blocks=tuple(v.get("fullatt_block_indexes", ())))
+
+
+def random_qwen25_vision_weights(spec: Qwen25VisionSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def normal(*dims: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal(dims) * scale).astype(np.float32)
+
+    e, m = spec.embed_dim, spec.embed_dim * spec.merge ** 2
+    w = {"visual.patch_embed.proj.weight": normal(e, spec.channels, spec.temporal, spec.patch, spec.patch,
+                                                  scale=0.05),
+         "visual.merger.ln_q.weight": 1 + normal(e, scale=0.1),
+         "visual.merger.mlp.0.weight": normal(m, m, scale=0.1), "visual.merger.mlp.0.bias": normal(m, scale=0.1),
+         "visual.merger.mlp.2.weight": normal(spec.out_hidden, m, scale=0.05),
+         "visual.merger.mlp.2.bias": normal(spec.out_hidden, scale=0.05)}
+    for n in range(spec.depth):
+        p = f"visual.blocks.{n}."
+        w[p + "norm1.weight"], w[p + "norm2.weight"] = 1 + normal(e, scale=0.1), 1 + normal(e, scale=0.1)
+        shapes = {"attn.qkv": (3 * e, e), "attn.proj": (e, e), "mlp.gate_proj": (spec.mlp_hidden, e),
+                  "mlp.up_proj": (spec.mlp_hidden, e), "mlp.down_proj": (e, spec.mlp_hidden)}
+        for name, (rows, cols) in shapes.items():
+            w[p + name + ".weight"], w[p + name + ".bias"] = normal(rows, cols, scale=0.2), normal(rows, scale=0.1)
+    return w
+
+
+class _Qwen25Vision(_QwenVision):
+    s: Qwen25VisionSpec
+
+    def norm(self, x: str, name: str) -> str:
+        return self.rms_norm(x, name, 1e-6)
+
+    def mlp(self, x: str, prefix: str) -> str:
+        gate = self.act(self.linear(x, prefix + "mlp.gate_proj"), self.s.act)
+        return self.linear(self.g.op("Mul", [gate, self.linear(x, prefix + "mlp.up_proj")]), prefix + "mlp.down_proj")
+
+    def window_bias(self) -> str:
+        g, size = self.g, self.const("window", np.int64(self.s.window_blocks))
+        allowed = self.same(self.frame)
+        for block in (self.block_row, self.block_col):
+            allowed = g.op("And", [allowed, self.same(g.op("Div", [block, size]))])
+        return self.bias(allowed)
+
+    def biases(self, full: str) -> list[str]:
+        windowed = self.window_bias()
+        return [full if n in self.s.fullatt_blocks else windowed for n in range(self.s.depth)]
+
+
+def build_qwen2_5_vl_vision(spec: Qwen25VisionSpec, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The Qwen2.5-VL ``vision_encoder`` graph (see the module docstring)."""
+    return _Qwen25Vision(spec, weights, "image_grid_thw").build()
