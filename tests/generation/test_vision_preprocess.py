@@ -162,13 +162,15 @@ def test_qwen_prompt_equals_the_processor(tmp_path: Path) -> None:
 
 def test_qwen_rejects_extreme_aspect_ratio(tmp_path: Path) -> None:
     processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
-    with pytest.raises(InvalidInputError, match=r"^messages\[0\]: expected an aspect ratio of at most 200, got 2010x10"):
+    with pytest.raises(InvalidInputError,
+                       match=r"^messages\[0\]: expected an aspect ratio of at most 200, got 2010x10"):
         processor.process(Image.new("RGB", (2010, 10)), "messages[0]")
 
 
 def test_qwen_config_errors(tmp_path: Path) -> None:
     folder = _folder(tmp_path, QWEN_PRE)
-    with pytest.raises(ModelLoadError, match="merge_size 2 differs from config.json vision_config.spatial_merge_size 1"):
+    with pytest.raises(ModelLoadError,
+                       match="merge_size 2 differs from config.json vision_config.spatial_merge_size 1"):
         image_processor(folder, {"model_type": "qwen2_vl", "vision_config": {"spatial_merge_size": 1}},
                         VisionBudget())
     with pytest.raises(ConfigError, match="min_pixels 20000000 > max_pixels 12845056"):
@@ -273,7 +275,8 @@ def test_idefics_config_errors(tmp_path: Path) -> None:
     folder = _folder(tmp_path, SMOLVLM_PRE, {"image_seq_len": 81})
     with pytest.raises(ModelLoadError, match="image_seq_len 81 differs from 64"):
         image_processor(folder, SMOLVLM_CONFIG, VisionBudget())
-    with pytest.raises(ModelLoadError, match="max_image_size.longest_edge 512 differs from config.json vision_config.image_size 384"):
+    with pytest.raises(ModelLoadError, match="max_image_size.longest_edge 512 differs from "
+                                             "config.json vision_config.image_size 384"):
         image_processor(folder, {**SMOLVLM_CONFIG, "vision_config": {"image_size": 384, "patch_size": 16}},
                         VisionBudget())
     (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 64}))

@@ -185,8 +185,9 @@ def _check_pixels(size: tuple[int, int], where: str, access: ImageAccess) -> Non
 
 def _describe(data: bytes) -> str:
     head = data[:16].lstrip()
-    if data.startswith(b"\x89PNG") or data.startswith(b"\xff\xd8\xff") or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
-        name = "PNG" if data[:1] == b"\x89" else "JPEG" if data[:1] == b"\xff" else "WebP"
+    name = ("PNG" if data.startswith(b"\x89PNG") else "JPEG" if data.startswith(b"\xff\xd8\xff")
+            else "WebP" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None)
+    if name is not None:
         return f"a truncated or corrupt {name} file ({len(data)} bytes)"
     for magic, name in _OTHER_MAGIC:
         if head.startswith(magic):
