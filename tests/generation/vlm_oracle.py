@@ -27,16 +27,24 @@ class Oracle:
         return self.vision.run(["image_features"], feeds)[0].reshape(-1, self.vlm.hidden_size)
 
     def positions(self, ids: list[int], grids: list) -> np.ndarray:
+        """Decoder position_ids of ``ids``: the family's own transformers ``get_rope_index`` (M-RoPE)."""
         import torch
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
         if not self.vlm.mrope:
             return np.arange(len(ids), dtype=np.int64)[None]
-        config = SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=self.vlm.spatial_merge_size),
+        vision = self.vlm.config.get("vision_config", {})
+        config = SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=self.vlm.spatial_merge_size,
+                                                               tokens_per_second=vision.get("tokens_per_second", 2)),
                                  image_token_id=self.vlm.image_token_id, video_token_id=-5,
                                  vision_start_token_id=self.vlm.vision_start_token_id)
-        positions, _ = Qwen2VLModel.get_rope_index(SimpleNamespace(config=config), torch.tensor([ids]),
-                                                   torch.tensor(grids) if grids else None, None, None)
+        owner = SimpleNamespace(config=config)
+        grid = torch.tensor(grids) if grids else None
+        if self.vlm.family == "qwen2_5_vl":
+            positions, _ = Qwen2_5_VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None, None)
+        else:
+            positions, _ = Qwen2VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None)
         return positions.numpy()
 
     def greedy(self, ids: list[int], processed: list, steps: int) -> list[int]:
