@@ -33,6 +33,8 @@ class _SessionModel:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        # It runs beside the batcher's decode steps: spinning threads would take the decoder's cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
