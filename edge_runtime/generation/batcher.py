@@ -267,6 +267,7 @@ class ContinuousBatcher:
         if end < len(sequence.prompt):
             return
         sequence.prefill_done_s = time.perf_counter()
+        sequence.inputs = None  # a VLM prompt's embeddings: the KV holds what they gave
         self._prefilling.remove(sequence)
         self.prefix_cache.insert(sequence.key, present)
         if sequence.accept(logits):

@@ -114,7 +114,8 @@ class GenerativeModel:
         self.settings = settings or GenerationSettings()
         self.tokenizer = ChatTokenizer(self.path)
         self.engine = None
-        self.prompter = None  # a VLM's VisionPrompter
+        self.vlm = None  # a vision-language folder's description (VLMFolder)
+        self.prompter = None  # and what prepares its requests with images (VisionPrompter)
         threads = self.settings.threads or threads
         if is_genai_folder(self.path):  # onnxruntime-genai owns model and KV: no prefix cache of ours
             from edge_runtime.generation.genai_engine import GenaiBatcher, read_genai_folder

@@ -78,7 +78,7 @@ class Sequence:
     past: list[np.ndarray] | None = None  # KV while prefilling
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    inputs: Any = None  # the engine's precomputed prompt inputs (vision.engine.EmbeddedPrompt), or None
+    inputs: Any = None  # the engine's precomputed prompt inputs (vision.engine.EmbeddedPrompt); dropped after prefill
     cache_key: list[int] | None = None  # prefix-cache key of the prompt; None: the prompt itself
     prefill_started_s: float | None = None  # first prefill chunk began (after any queueing)
     prefill_done_s: float | None = None  # last prefill chunk ended
@@ -88,15 +88,13 @@ class Sequence:
         """The prompt as the prefix cache knows it."""
         return self.cache_key if self.cache_key is not None else self.prompt
 
-    @property
-    def position_offset(self) -> int:
-        """Decode position minus cache index (an M-RoPE prompt's ``rope_delta``; 0 for text)."""
-        return int(getattr(self.inputs, "rope_delta", 0))
-
     def __post_init__(self) -> None:
         self.sampler = Sampler(self.params)
         self.detokenizer = IncrementalDetokenizer(self.decode)
         self.stops = StopMatcher(self.params.stop)
+        # Decode position minus cache index: an M-RoPE prompt's rope_delta (0 for text). Kept apart
+        # from ``inputs``, which the batcher drops once the prompt is prefilled.
+        self.position_offset = int(getattr(self.inputs, "rope_delta", 0))
 
     @property
     def reserved_tokens(self) -> int:
