@@ -244,3 +244,36 @@ def test_warm_up_runs_the_decoder_and_the_vision_encoder(vlm_factory) -> None:
     assert model.batcher.warmups == 1
     request = {"messages": _messages(_image(15)), "max_tokens": 6, "ignore_eos": True}
     assert model.generate(**request).token_ids == vlm_factory().generate(**request).token_ids
+
+
+def test_an_image_request_delays_running_streams_by_one_prefill_chunk_at_most(vlm_factory) -> None:
+    """The batcher thread only ever runs decode steps and single prefill chunks: while an image
+    request is encoded (on the caller's thread) and prefilled, a running stream gets a decode step
+    between any two of its chunks, and the engine never sees the vision encoder."""
+    from edge_runtime.generation.model import sampling_params
+
+    model = vlm_factory(prefill_chunk_tokens=8, prefix_cache_bytes=0)
+    engine = model.engine
+    calls: list[tuple[str, str, int]] = []
+    prefill, decode, encode = engine.prefill, engine.decode, model.prompter.encoder.encode
+
+    def record(kind: str, n: int) -> None:
+        calls.append((kind, threading.current_thread().name, n))
+
+    engine.prefill = lambda tokens, past, inputs=None: (record("prefill", len(tokens)),
+                                                        prefill(tokens, past, inputs))[1]
+    engine.decode = lambda tokens: (record("decode", len(tokens)), decode(tokens))[1]
+    model.prompter.encoder.encode = lambda feeds, n: (record("encode", n), encode(feeds, n))[1]
+    started = threading.Event()
+    params = sampling_params(max_tokens=400, ignore_eos=True, temperature=0.0)
+    running = model.submit(model.prepare(prompt="tap"), params, lambda c: started.set())
+    assert started.wait(30)
+    result = model.generate(messages=_messages(_image(16)), max_tokens=3)
+    model.cancel(running)
+    assert result.usage.prompt_tokens > 24  # several chunks
+    batcher_thread = {name for kind, name, _ in calls if kind == "decode"}
+    assert all(name not in batcher_thread for kind, name, _ in calls if kind == "encode")
+    on_batcher = [kind for kind, name, _ in calls if name in batcher_thread]
+    first = on_batcher.index("prefill", 1)
+    window = on_batcher[first:first + 2 * (result.usage.prompt_tokens // 8)]
+    assert "prefill" in window and all(not (a == b == "prefill") for a, b in zip(window, window[1:])), window
