@@ -78,11 +78,11 @@ def vlm_demo(runtime: Any, new_tokens: int = 32) -> dict[str, Any]:
 
 
 def format_vlm_demo(row: dict[str, Any]) -> str:
-    timings = row["timings_ms"]
+    t = row["timings_ms"]
     return (f"\nedge-runtime demo: one phone-agent step, {row['model']}\n"
-            f"  {row['screenshot']} screenshot -> {row['image_tokens']} image tokens; prompt {row['prompt_tokens']} "
-            f"tokens ({row['cached_tokens']} from the prefix cache)\n  time to first token {timings.get('first_token_ms')} ms = image decode "
-            f"{timings.get('image_decode_ms')} + preprocess {timings.get('image_preprocess_ms')} + vision encode "
-            f"{timings.get('vision_encode_ms')} + queue {timings.get('queue_ms')} + prefill {timings.get('prefill_ms')}"
-            f" ms (+ template/tokenizer)\n  decode {row['decode_tokens_per_s']} tokens/s; "
-            f"sample (random weights): {row['sample']!r}")
+            f"  {row['screenshot']} screenshot -> {row['image_tokens']} image tokens; prompt "
+            f"{row['prompt_tokens']} tokens ({row['cached_tokens']} from the prefix cache)\n"
+            f"  time to first token {t.get('first_token_ms')} ms = image decode {t.get('image_decode_ms')} + "
+            f"preprocess {t.get('image_preprocess_ms')} + vision encode {t.get('vision_encode_ms')} + queue "
+            f"{t.get('queue_ms')} + prefill {t.get('prefill_ms')} ms (+ template/tokenizer)\n"
+            f"  decode {row['decode_tokens_per_s']} tokens/s; sample (random weights): {row['sample']!r}")
