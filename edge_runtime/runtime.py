@@ -192,15 +192,18 @@ class Runtime:
         return load_generative(folder, name, settings, threads=self.threads, vision=vision,
                                vision_loader=self.load_vision_encoder)
 
-    def load_vision_encoder(self, path: Path, plan: str) -> Model:
-        """A VLM's vision encoder as a tensor model: ``plan`` ``auto`` is ``load``'s default choice.
+    def load_vision_encoder(self, path: Path, plan: str,
+                            input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+        """A VLM's vision encoder as a tensor model: ``plan`` ``auto`` is ``load``'s default choice;
+        ``input_shapes``: a typical image's feeds (the patch count is dynamic in the graph).
 
         Its CPU threads do not spin: it runs beside the decoder's running streams on the same cores,
         and busy-waiting threads would take their time (measured on 2 cores: median inter-token gap
         of a running stream 15.7 ms while a screenshot encoded with spinning, 6.0 ms without).
         """
         options = dataclasses.replace(self.compile_options(), allow_spinning=False)
-        return self.load(path, name=path.stem, plan=None if plan == "auto" else plan, options=options)
+        return self.load(path, name=path.stem, plan=None if plan == "auto" else plan, options=options,
+                         input_shapes=input_shapes)
 
     # -- plans across backends (edge_runtime.planning) -------------------------------
     def accelerator(self) -> str | None:

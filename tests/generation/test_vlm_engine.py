@@ -277,3 +277,31 @@ def test_an_image_request_delays_running_streams_by_one_prefill_chunk_at_most(vl
     first = on_batcher.index("prefill", 1)
     window = on_batcher[first:first + 2 * (result.usage.prompt_tokens // 8)]
     assert "prefill" in window and all(not (a == b == "prefill") for a, b in zip(window, window[1:])), window
+
+
+@pytest.mark.requires_opencl
+def test_the_vision_encoder_on_the_gpu_plan_equals_the_cpu_plan(tmp_path: Path) -> None:
+    """Qwen2-VL only: for the other families the planner keeps the whole encoder on the host, since its
+    shape probe feeds zeros to data-dependent inputs (Qwen2.5-VL's window indices from grid_thw,
+    Idefics3's tiles kept by pixel_attention_mask) and then cannot cost an offload."""
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.generation.vision.settings import VisionSettings
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    vlm_folder = write_vlm_folder(tmp_path / "qwen2_vl", "qwen2_vl", seed=1)
+
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", intra_op_threads=1))
+    models = {plan: runtime.load_generative(vlm_folder, vision=VisionSettings(plan=plan)) for plan in ("cpu", "gpu")}
+    try:
+        gpu = models["gpu"].prompter.encoder.model
+        assert gpu.report.backend_nodes.get(runtime.accelerator(), 0) > 0, gpu.report.reason
+        for seed, size in ((17, (112, 84)), (18, (56, 168))):
+            processed = models["cpu"].prompter.processor.process(_image(seed, *size))
+            cpu_rows = models["cpu"].prompter.encoder.encode(processed.feeds, processed.num_tokens)
+            gpu_rows = models["gpu"].prompter.encoder.encode(processed.feeds, processed.num_tokens)
+            np.testing.assert_allclose(gpu_rows, cpu_rows, atol=1e-4, rtol=1e-4)
+    finally:
+        for model in models.values():
+            model.close()
+        runtime.close()

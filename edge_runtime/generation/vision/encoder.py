@@ -19,8 +19,9 @@ from edge_runtime.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-# Runtime.load-like: (path, plan) -> an object with ``run(feeds) -> dict`` and ``inputs`` (names)
-VisionLoader = Callable[[Path, str], Any]
+# Runtime.load-like: (path, plan, input shapes of a typical image) -> an object with
+# ``run(feeds) -> dict`` and ``inputs`` (specs with ``name``)
+VisionLoader = Callable[[Path, str, Mapping[str, tuple[int, ...]]], Any]
 # Qwen2-VL exports name the grid input ``grid_thw``, Qwen2.5-VL ones ``image_grid_thw``.
 _GRID_NAMES = ("grid_thw", "image_grid_thw")
 
@@ -53,12 +54,30 @@ class VisionEncoder:
     """Runs ``vision_encoder`` on one image at a time; thread-safe as its runner is."""
 
     def __init__(self, path: Path, hidden_size: int, *, loader: VisionLoader | None = None, plan: str = "auto",
-                 threads: int = 1) -> None:
+                 typical: Mapping[str, np.ndarray] | None = None, threads: int = 1) -> None:
+        """``typical``: the feeds of an image at the budget's size; their shapes let a planner
+        estimate the encoder's cost (the patch count is a dynamic dimension of the graph)."""
+        import onnx
+
         self.path = Path(path)
         self.hidden_size = hidden_size
-        self.model = loader(self.path, plan) if loader is not None else _SessionModel(self.path, threads)
-        self.input_names = {spec.name for spec in self.model.inputs}
+        graph = onnx.load(str(self.path), load_external_data=False).graph
+        self.input_names = {value.name for value in graph.input}
+        if loader is None:
+            self.model = _SessionModel(self.path, threads)
+        else:
+            shapes = {k: tuple(v.shape) for k, v in self._named(typical or {}).items()}
+            self.model = loader(self.path, plan, shapes)
         log.info("vision encoder %s on %s", self.path.name, getattr(self.model, "backend", "?"))
+
+    def _named(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``feeds`` with the grid input under the name this graph uses."""
+        named = dict(feeds)
+        for name in _GRID_NAMES:  # the preprocessor may name the grid input for the other Qwen version
+            other = _GRID_NAMES[1 - _GRID_NAMES.index(name)]
+            if name in named and name not in self.input_names and other in self.input_names:
+                named[other] = named.pop(name)
+        return named
 
     def encode(self, feeds: Mapping[str, np.ndarray], tokens: int) -> np.ndarray:
         """``image_features`` of one image as [tokens, hidden] float32.
@@ -66,12 +85,7 @@ class VisionEncoder:
         ``tokens``: the rows the preprocessor promised (the image's tokens in the prompt).
         Raises ModelLoadError when the encoder gives another count: preprocessing and graph disagree.
         """
-        feeds = dict(feeds)
-        for name in _GRID_NAMES:  # the preprocessor may name the grid input for the other Qwen version
-            other = _GRID_NAMES[1 - _GRID_NAMES.index(name)]
-            if name in feeds and name not in self.input_names and other in self.input_names:
-                feeds[other] = feeds.pop(name)
-        features = np.asarray(self.model.run(feeds)["image_features"], np.float32)
+        features = np.asarray(self.model.run(self._named(feeds))["image_features"], np.float32)
         if features.shape[-1] != self.hidden_size:
             raise ModelLoadError(f"{self.path}: image_features {list(features.shape)} do not end in the decoder's "
                                  f"hidden size {self.hidden_size}")

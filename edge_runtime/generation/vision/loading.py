@@ -12,6 +12,8 @@ from edge_runtime.generation.vision.prompt import VisionPrompter
 from edge_runtime.generation.vision.settings import VisionSettings
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from edge_runtime.generation.chat import ChatTokenizer
     from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.generation.vision.encoder import VisionLoader
@@ -40,6 +42,16 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     embedder = TokenEmbedder(vlm.embed_path, vlm.embeds_dtype, threads=threads)
     engine = EmbeddingDecoderEngine(vlm, embedder, threads=threads, max_batch=settings.max_batch_size,
                                     max_len=kv_positions(vlm.decoder, settings))
-    encoder = VisionEncoder(vlm.vision_path, vlm.hidden_size, loader=loader, plan=vision.plan, threads=threads)
+    typical = processor.process(typical_screenshot(), "typical image").feeds if loader is not None else None
+    encoder = VisionEncoder(vlm.vision_path, vlm.hidden_size, loader=loader, plan=vision.plan, typical=typical,
+                            threads=threads)
     prompter = VisionPrompter(vlm, tokenizer, processor, encoder, embedder, vision.access, vision.max_images)
     return VisionParts(vlm, engine, prompter)
+
+
+def typical_screenshot() -> "Image.Image":
+    """A blank phone screenshot (1080x2400): preprocessed under the model's budget, its feeds have the
+    shapes a planner should cost the vision encoder at."""
+    from PIL import Image
+
+    return Image.new("RGB", (1080, 2400), (128, 128, 128))
