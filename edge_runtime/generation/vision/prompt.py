@@ -111,14 +111,18 @@ class VisionPrompter:
 
         if len(images) > self.max_images:
             raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
+        if add_special_tokens and self.processor.placeholder not in text:
+            text = self.image_marker * len(images) + text
+        placeholders = text.count(self.processor.placeholder)
+        if placeholders != len(images):  # checked before any image is decoded (expand checks it too)
+            raise InvalidInputError(f"the prompt has {placeholders} image placeholder(s) "
+                                    f"{self.processor.placeholder!r} but {len(images)} image(s) were given")
         prepared, fetch_s = [], 0.0
         for image in images:
             started = time.perf_counter()
             source = image_from_url(image.source, image.where, self.access) if image.is_url else image.source
             fetch_s += time.perf_counter() - started
             prepared.append(prepare_image(source, image.where, self.access, self.processor))
-        if add_special_tokens and self.processor.placeholder not in text:
-            text = self.image_marker * len(images) + text
         expanded = self.processor.expand(text, [p.processed for p in prepared])
         ids = self.tokenizer.tokenizer.encode(expanded, add_special_tokens=add_special_tokens).ids
         started = time.perf_counter()
