@@ -101,7 +101,7 @@ def screenshot(step: int) -> Any:
     return image
 
 
-def system_prompt(words: int = 1100) -> str:
+def system_prompt(words: int = 550) -> str:
     rng = np.random.default_rng(1)
     vocab = ("tap swipe type back home screen button element coordinates action when the user asks you must "
              "answer with one function call do finish launch app long press wait scroll list text field").split()
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     hf, folder = build_folders(Path(args.models), args.quick)
-    system, steps = system_prompt(200 if args.quick else 1100), 2 if args.quick else 5
+    system, steps = system_prompt(120 if args.quick else 550), 2 if args.quick else 5
     report: dict[str, Any] = {"threads": args.threads, "new_tokens": args.new_tokens, "budgets": {}}
     for label, max_pixels in BUDGETS.items():
         hf_side = Transformers(hf, max_pixels)
