@@ -1,6 +1,6 @@
 """``edge-runtime convert MODEL --to ncnn [--shape NAME=D,..]``: convert ahead of time.
 
-``edge-runtime convert HF_FOLDER --to onnx --out DIR [--fp16]`` instead writes a
+``edge-runtime convert HF_FOLDER --to onnx --out DIR [--precision fp16]`` instead writes a
 vision-language checkpoint (transformers folder) as ONNX in the transformers.js layout
 (``edge_runtime.vision_convert``).
 
@@ -26,12 +26,12 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", choices=TARGETS, default="ncnn",
                         help="target engine (default ncnn); onnx: a VLM checkpoint to the transformers.js layout")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="--to onnx: the folder to write")
-    parser.add_argument("--fp16", action="store_true", help="--to onnx: also write the parts' _fp16 variants")
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                         help="input NAME's full shape, batch first (repeatable); dynamic dims default "
                              "to batch 1 and 64 otherwise")
     parser.add_argument("--precision", choices=("fp32", "fp16"), default=None,
-                        help="weights and arithmetic (default: the runtime's, fp32)")
+                        help="weights and arithmetic (default: the runtime's, fp32); --to onnx: fp16 also "
+                             "writes each part's _fp16 variant beside the fp32 one")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -61,7 +61,7 @@ def run_vlm_convert(args: argparse.Namespace) -> int:
               "folder (config.json + model.safetensors)", file=sys.stderr)
         return 2
     try:
-        out = convert_vlm_folder(args.model, args.out, fp16=args.fp16)
+        out = convert_vlm_folder(args.model, args.out, fp16=args.precision == "fp16")
     except (EdgeRuntimeError, ValueError) as exc:
         print(f"edge-runtime convert: {exc}", file=sys.stderr)
         return 1

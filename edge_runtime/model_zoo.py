@@ -16,11 +16,68 @@ at module level: import it lazily (the demo and the tests do).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
+# Graphs with more weights than this are not checked in memory when built: the checker serialises a
+# copy (two for its parse), and protobuf stops at 2 GB; vlm_parts checks them from the saved file.
+IN_MEMORY_CHECK_BYTES = 256 * 2**20
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the weights held inside ``model`` (external data not counted)."""
+    return sum(len(t.raw_data) + 4 * len(t.float_data) + 8 * len(t.int64_data) for t in model.graph.initializer)
+
+
+class ExternalWeights:
+    """An ONNX external-data file the weights of graphs built inside ``external_weights(path)`` are
+    written to as they are made, so a graph from a multi-GB checkpoint never holds its weights in
+    memory (protobuf also stops at 2 GB). Tensors under ``min_bytes`` stay inline (shape inference
+    reads constants such as Split sizes)."""
+
+    def __init__(self, path: Path, min_bytes: int = 1024) -> None:
+        self.path, self.min_bytes = Path(path), min_bytes
+        self.file = open(self.path, "wb")  # noqa: SIM115  (closed by external_weights)
+        self.offset = 0
+
+    def tensor(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        array = np.ascontiguousarray(array)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        pad = -self.offset % 64  # aligned, as onnx's own writer aligns
+        self.file.write(b"\0" * pad)
+        self.offset += pad
+        tensor = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                                  dims=array.shape, data_location=onnx.TensorProto.EXTERNAL)
+        for key, value in (("location", self.path.name), ("offset", self.offset), ("length", array.nbytes)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self.file.write(memoryview(array).cast("B"))
+        self.offset += array.nbytes
+        return tensor
+
+
+_EXTERNAL: contextvars.ContextVar[ExternalWeights | None] = contextvars.ContextVar("external_weights", default=None)
+
+
+@contextlib.contextmanager
+def external_weights(path: Path) -> Iterator[ExternalWeights]:
+    """Within the block, graphs built with ``_GraphBuilder`` keep their weights in ``path`` (the graph
+    must then be saved next to it, as ``path.name`` names it)."""
+    sink = ExternalWeights(path)
+    token = _EXTERNAL.set(sink)
+    try:
+        yield sink
+    finally:
+        _EXTERNAL.reset(token)
+        sink.file.close()
 
 
 class _GraphBuilder:
@@ -38,7 +95,11 @@ class _GraphBuilder:
 
     def const(self, prefix: str, array: np.ndarray) -> str:
         name = self.name(prefix)
-        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        array, sink = np.asarray(array), _EXTERNAL.get()
+        if sink is not None and array.nbytes >= sink.min_bytes:
+            self.initializers.append(sink.tensor(name, array))
+        else:
+            self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
     def weight(self, prefix: str, shape: tuple[int, ...], fan_in: int) -> str:
@@ -55,7 +116,9 @@ class _GraphBuilder:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="edge-runtime-make-models")
         model.ir_version = 8  # readable by every onnxruntime release we support
-        onnx.checker.check_model(model)
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+        if not external and initializer_bytes(model) < IN_MEMORY_CHECK_BYTES:  # else checked once saved
+            onnx.checker.check_model(model)
         return model
 
 

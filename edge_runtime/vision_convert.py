@@ -4,7 +4,7 @@ Reads ``config.json`` and the safetensors weights (one file or an index of shard
 float32, float16 or bfloat16), builds the three graphs with ``onnx.helper``
 (``edge_runtime.vlm_parts``: no torch, no transformers) and writes
 ``DIR/onnx/{vision_encoder,embed_tokens,decoder_model_merged}.onnx`` (``_fp16``
-variants with ``--fp16``), ``config.json`` (the checkpoint's, plus the fields
+variants with ``--precision fp16``), ``config.json`` (the checkpoint's, plus the fields
 transformers.js reads: flat text sizes for Qwen2-VL, ``transformers.js_config``),
 and copies the tokenizer, processor and chat-template files. A ``chat_template.jinja``
 is also folded into ``tokenizer_config.json``, where transformers.js's tokenizer looks.
@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,31 +36,43 @@ FLAT_TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidde
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "I32": np.int32}
 
 
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of one ``.safetensors`` file as float32 (integers as they are).
+class SafetensorsWeights(Mapping[str, np.ndarray]):
+    """The tensors of ``.safetensors`` files, decoded on access as float32 (integers as they are).
 
-    By hand because ``safetensors.numpy`` refuses bfloat16 (numpy has no such dtype), the
-    dtype most released VLM checkpoints use; the format is an 8-byte header length, a JSON
-    header of dtype/shape/byte offsets, then the raw little-endian data."""
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    (length,) = struct.unpack("<Q", bytes(raw[:8]))
-    header = json.loads(bytes(raw[8:8 + length]))
-    base = 8 + length
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _DTYPES:
-            raise ModelLoadError(f"{path}: tensor {name} has dtype {info['dtype']}; expected one of {sorted(_DTYPES)}")
+    By hand because ``safetensors.numpy`` refuses bfloat16 (numpy has no such dtype), the dtype
+    most released VLM checkpoints use; the format is an 8-byte header length, a JSON header of
+    dtype/shape/byte offsets, then the raw little-endian data. Files are memory-mapped and nothing
+    is cached, so converting a multi-GB checkpoint holds only the tensors a builder is using."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.index: dict[str, tuple[np.memmap, int, dict]] = {}
+        for path in paths:
+            raw = np.memmap(path, dtype=np.uint8, mode="r")
+            (length,) = struct.unpack("<Q", bytes(raw[:8]))
+            for name, info in json.loads(bytes(raw[8:8 + length])).items():
+                if name == "__metadata__":
+                    continue
+                if info["dtype"] not in _DTYPES:
+                    raise ModelLoadError(f"{path}: tensor {name} has dtype {info['dtype']}; expected one of "
+                                         f"{sorted(_DTYPES)}")
+                self.index[name] = (raw, 8 + length, info)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        raw, base, info = self.index[name]
         start, end = info["data_offsets"]
         array = np.frombuffer(raw[base + start:base + end], dtype=_DTYPES[info["dtype"]]).reshape(info["shape"])
         if info["dtype"] == "BF16":  # bfloat16 is the high half of a float32
-            array = (array.astype(np.uint32) << 16).view(np.float32)
-        out[name] = array.astype(np.float32) if array.dtype.kind == "f" else array
-    return out
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        return array.astype(np.float32) if info["dtype"] == "F16" else array
+
+    def __iter__(self):
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
 
 
-def read_checkpoint(folder: Path) -> dict[str, np.ndarray]:
+def read_checkpoint(folder: Path) -> SafetensorsWeights:
     """The weights of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -69,10 +82,7 @@ def read_checkpoint(folder: Path) -> dict[str, np.ndarray]:
     else:
         raise ModelLoadError(f"{folder}: no model.safetensors or model.safetensors.index.json (only safetensors "
                              "checkpoints are converted; save with save_pretrained(safe_serialization=True))")
-    weights: dict[str, np.ndarray] = {}
-    for name in files:
-        weights.update(read_safetensors(folder / name))
-    return weights
+    return SafetensorsWeights([folder / name for name in files])
 
 
 def output_config(config: dict[str, Any], external: dict[str, int]) -> dict[str, Any]:
@@ -106,7 +116,7 @@ def _fold_chat_template(hf_folder: Path, tokenizer_config: Path) -> None:
 
 def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
     """Write the transformers.js layout for the checkpoint in ``hf_folder`` into ``out``; returns ``out``."""
-    from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, build_vlm_parts, save_parts
+    from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, check_vlm_config, iter_vlm_parts, save_parts
 
     hf_folder, out = Path(hf_folder), Path(out)
     config_path = hf_folder / "config.json"
@@ -119,13 +129,17 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
                              f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     if out.resolve() == hf_folder.resolve():
         raise ModelLoadError(f"--out {out} is the checkpoint folder itself; choose a new folder")
+    weights = read_checkpoint(hf_folder)
     try:
-        parts = build_vlm_parts(config, read_checkpoint(hf_folder))
+        check_vlm_config(config)  # refuse before writing anything
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "onnx").mkdir(exist_ok=True)
+        external = save_parts(out, iter_vlm_parts(config, weights, data_dir=out / "onnx"), fp16)
     except KeyError as exc:
         raise ModelLoadError(f"{hf_folder}: the checkpoint lacks weight or config field {exc} that "
                              f"model_type {family!r} needs") from None
-    out.mkdir(parents=True, exist_ok=True)
-    external = save_parts(out, parts, fp16)
+    except ValueError as exc:  # a config the graphs do not cover (scaled RoPE, odd head_dim, activation)
+        raise ModelLoadError(f"{hf_folder}: {exc}") from None
     for name in COPIED_FILES:
         if (hf_folder / name).is_file():
             shutil.copyfile(hf_folder / name, out / name)

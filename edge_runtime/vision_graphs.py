@@ -122,6 +122,18 @@ class VisionGraph:
         rotated = g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
         return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
 
+    def same(self, key: str) -> str:
+        """[patches, patches] bool: patch i and patch j have equal ``key``."""
+        g = self.g
+        return g.op("Equal", [g.op("Unsqueeze", [key, self.ints(1)]), g.op("Unsqueeze", [key, self.ints(0)])])
+
+    def bias(self, allowed: str) -> str:
+        """0 where attention is allowed, else -30000: its exp() is 0 in float32 as that of transformers'
+        finfo.min is, and an fp16 variant keeps headroom (fp16 conversion clamps -1e9 to -65504, where
+        adding a negative score already overflows to -inf)."""
+        open_, closed = self.const("open", np.float32(0.0)), self.const("closed", np.float32(-30000.0))
+        return self.g.op("Where", [allowed, open_, closed])
+
     def attention(self, q: str, k: str, v: str, bias: str | None, head_dim: int) -> str:
         """Softmax attention over [..., heads, seq, dim] tensors; ``bias`` is added to the scores."""
         g = self.g
@@ -152,7 +164,14 @@ class _QwenVision(VisionGraph):
         after = g.op("GreaterOrEqual", [g.op("Unsqueeze", [index, self.ints(1)]),
                                         g.op("Unsqueeze", [ends, self.ints(0)])])
         image = g.op("ReduceSum", [g.op("Cast", [after], to=TensorProto.INT64), self.ints(1)], keepdims=0)
-        hh, ww = g.op("Gather", [h, image]), g.op("Gather", [w, image])
+        # Total on any input (the planner probes with synthetic grids): a grid that does not match the
+        # patch count gives garbage rather than an out-of-range Gather, and no integer division by zero
+        # (which would kill the process). The host checks rows == sum(t*h*w) before it encodes.
+        last = g.op("Sub", [g.op("Gather", [g.op("Shape", [self.grid]), self.const("zero", np.int64(0))]),
+                            self.const("one", np.int64(1))])
+        image = g.op("Min", [image, last])
+        at_least_one = self.const("one", np.int64(1))
+        hh, ww = (g.op("Max", [g.op("Gather", [side_len, image]), at_least_one]) for side_len in (h, w))
         local = g.op("Sub", [index, g.op("Gather", [starts, image])])
         area = g.op("Mul", [hh, ww])
         within = g.op("Mod", [local, area])
@@ -160,7 +179,7 @@ class _QwenVision(VisionGraph):
         # patch order inside a frame: (block row, block column, row in block, column in block)
         in_col = g.op("Mod", [within, side])
         in_row = g.op("Mod", [g.op("Div", [within, side]), side])
-        blocks_w = g.op("Div", [ww, side])
+        blocks_w = g.op("Max", [g.op("Div", [ww, side]), at_least_one])
         block = g.op("Div", [within, square])
         block_col, block_row = g.op("Mod", [block, blocks_w]), g.op("Div", [block, blocks_w])
         row = g.op("Add", [g.op("Mul", [block_row, side]), in_row])
@@ -182,15 +201,6 @@ class _QwenVision(VisionGraph):
         frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
         self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for windowed attention
         return g.op("Cos", [angles]), g.op("Sin", [angles]), self.bias(self.same(frame))
-
-    def same(self, key: str) -> str:
-        """[patches, patches] bool: patch i and patch j have equal ``key``."""
-        g = self.g
-        return g.op("Equal", [g.op("Unsqueeze", [key, self.ints(1)]), g.op("Unsqueeze", [key, self.ints(0)])])
-
-    def bias(self, allowed: str) -> str:
-        open_, closed = self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))
-        return self.g.op("Where", [allowed, open_, closed])
 
     def norm(self, x: str, name: str) -> str:
         return self.layer_norm(x, name, 1e-6)

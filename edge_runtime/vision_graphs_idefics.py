@@ -119,16 +119,14 @@ class _IdeficsVision(VisionGraph):
                     keepdims=1)  # valid patch rows per tile [tiles, 1]
         cols = g.op("ReduceSum", [g.op("Gather", [as_int, self.const("row0", np.int64(0))], axis=1), self.ints(1)],
                     keepdims=1)
-        index = self.const("index", np.arange(s.side, dtype=np.float32)[None, :])
-        step = 1 / s.side
-        boundaries = np.array([step + i * step for i in range(int(np.ceil((1.0 - step) / step)))], np.float64)
-        bounds = self.const("bounds", boundaries.astype(np.float32)[None, None, :])
+        index = self.const("index", s.side * np.arange(s.side, dtype=np.int64)[None, :] - 1)
+        one, zero = self.const("one", np.int64(1)), self.const("zero", np.int64(0))
 
-        def bucket(valid: str) -> str:  # [tiles, side]: how many boundaries are <= the fractional coordinate
-            frac = g.op("Mul", [g.op("Div", [index, g.op("Cast", [valid], to=TensorProto.FLOAT)]),
-                                self.const("shrink", np.float32(1 - 1e-6))])
-            below = g.op("LessOrEqual", [bounds, g.op("Unsqueeze", [frac, self.ints(2)])])
-            return g.op("ReduceSum", [g.op("Cast", [below], to=TensorProto.INT64), self.ints(2)], keepdims=0)
+        def bucket(valid: str) -> str:
+            # transformers: bucketize(i / valid * (1 - 1e-6), arange(1/side, 1, 1/side), right=True); the
+            # shrink makes exact hits fall one bucket lower, which in integers is max((side*i - 1) // valid, 0)
+            # (equal for every size, checked in the tests; and fp16-proof, where 1 - 1e-6 rounds to 1)
+            return g.op("Max", [g.op("Div", [index, g.op("Max", [valid, one])]), zero])
 
         ids = g.op("Add", [g.op("Mul", [g.op("Unsqueeze", [bucket(rows), self.ints(2)]),
                                         self.const("side", np.int64(s.side))]),
@@ -162,8 +160,7 @@ class _IdeficsVision(VisionGraph):
         x = g.op("Transpose", [g.op("Reshape", [x, self.ints(0, s.hidden, -1)])], perm=[0, 2, 1])  # [tiles, P, E]
         table = self.const("positions", self.w[p + "position_embedding.weight"])
         x = g.op("Add", [x, g.op("Gather", [table, self.position_ids(patch_mask)])])
-        keys = g.op("Reshape", [patch_mask, self.ints(0, 1, 1, -1)])  # padded patches are masked as keys
-        bias = g.op("Where", [keys, self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))])
+        bias = self.bias(g.op("Reshape", [patch_mask, self.ints(0, 1, 1, -1)]))  # padded patches masked as keys
         for n in range(s.layers):
             x = self.layer(x, n, bias)
         x = self.layer_norm(x, "model.vision_model.post_layernorm", s.eps)

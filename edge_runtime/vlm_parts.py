@@ -1,26 +1,28 @@
 """The three ONNX parts of a VLM (transformers.js layout) from a transformers config and its weights.
 
-``build_vlm_parts(config, weights)`` returns ``{"vision_encoder", "embed_tokens",
-"decoder_model_merged"}`` graphs, built with ``onnx.helper`` (no torch): the config
-is the ``config.json`` of the ``*ForConditionalGeneration`` model, the weights are
-named as its ``model.safetensors`` names them (the legacy ``visual.*`` / ``model.*``
-names transformers saves for Qwen2-VL, or the newer ``model.visual.*`` /
-``model.language_model.*``; both are accepted). Used by ``vlm_zoo`` (random weights)
-and by the converter (a checkpoint's weights), so both write the same graphs.
+``iter_vlm_parts(config, weights)`` yields the ``vision_encoder``, ``embed_tokens`` and
+``decoder_model_merged`` graphs one at a time (``build_vlm_parts``: as a dict), built with
+``onnx.helper`` (no torch): the config is the ``config.json`` of the
+``*ForConditionalGeneration`` model, the weights are named as its ``model.safetensors``
+names them (the legacy ``visual.*`` / ``model.*`` names transformers saves for Qwen2-VL,
+or the newer ``model.visual.*`` / ``model.language_model.*``; both are accepted).
+``save_parts`` writes them as ``onnx/<part>.onnx`` (+ ``_fp16``). Used by ``vlm_zoo``
+(random weights) and by the converter (a checkpoint's weights): both write the same graphs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from onnx.external_data_helper import load_external_data_for_model
 
 from edge_runtime.decoder_zoo import DecoderShape, build_decoder
-from edge_runtime.model_zoo import OPSET
+from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, _GraphBuilder, external_weights, initializer_bytes
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
@@ -40,6 +42,10 @@ def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
                          kv_heads=text.get("num_key_value_heads") or heads, intermediate=text["intermediate_size"],
                          vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 2048),
                          rope_theta=float(text.get("rope_theta", 10000.0)), rms_eps=text.get("rms_norm_eps", 1e-6))
+    rope = text.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "mrope"):  # scaled RoPE (llama3, yarn, dynamic...) would be silently wrong
+        raise ValueError(f"text rope_scaling type {kind!r} is not supported: expected default or mrope")
     if text.get("head_dim") not in (None, shape.head_dim):
         raise ValueError(f"text head_dim {text['head_dim']} != hidden_size / num_attention_heads = {shape.head_dim}: "
                          "not supported")
@@ -53,73 +59,108 @@ def mrope_section(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(int(n) for n in rope["mrope_section"])
 
 
-def text_weights(family: str, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The decoder's weights under Qwen2's names (``model.layers.N...``, ``model.norm``, ``lm_head``)."""
-    prefixes = (("model.language_model.", "model."),) if family in QWEN_FAMILIES else (("model.text_model.", "model."),)
-    out = {}
-    for name, value in weights.items():
-        for old, new in prefixes:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        if name.startswith("model.") and not name.startswith(("model.visual.", "model.vision_model.",
-                                                             "model.connector.")) or name == "lm_head.weight":
-            out[name] = value
-    return out
+class RenamedWeights(Mapping[str, np.ndarray]):
+    """A read-only view of ``source`` under other names (``names``: new -> old). Nothing is copied:
+    a lazily decoded checkpoint (``vision_convert``) converts each tensor only when a builder reads
+    it, so a part's weights need not all be resident at once."""
+
+    def __init__(self, source: Mapping[str, np.ndarray], names: dict[str, str]) -> None:
+        self.source, self.names = source, names
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.source[self.names[name]]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
-def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def text_weights(family: str, weights: Mapping[str, np.ndarray], tied: bool = False) -> RenamedWeights:
+    """The decoder's weights under Qwen2's names (``model.layers.N...``, ``model.norm``, ``lm_head``);
+    ``tied``: without ``lm_head`` (the decoder then ties the head to the embedding table)."""
+    prefix = "model.language_model." if family in QWEN_FAMILIES else "model.text_model."
+    names = {}
+    for name in weights:
+        new = "model." + name[len(prefix):] if name.startswith(prefix) else name
+        if new.startswith("model.") and not new.startswith(("model.visual.", "model.vision_model.",
+                                                           "model.connector.")) or (new == "lm_head.weight"
+                                                                                    and not tied):
+            names[new] = name
+    return RenamedWeights(weights, names)
+
+
+def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> RenamedWeights:
     """The vision tower's weights: ``visual.*`` (Qwen) or ``model.vision_model.*`` + ``model.connector.*``."""
     if family in QWEN_FAMILIES:
-        return {("visual." + k[len("model.visual."):] if k.startswith("model.visual.") else k): v
-                for k, v in weights.items() if k.startswith(("visual.", "model.visual."))}
-    return {k: v for k, v in weights.items() if k.startswith(("model.vision_model.", "model.connector."))}
+        names = {("visual." + k[len("model.visual."):] if k.startswith("model.visual.") else k): k
+                 for k in weights if k.startswith(("visual.", "model.visual."))}
+    else:
+        names = {k: k for k in weights if k.startswith(("model.vision_model.", "model.connector."))}
+    return RenamedWeights(weights, names)
 
 
 def build_embed_tokens(table: np.ndarray) -> onnx.ModelProto:
     """``input_ids`` [batch, seq] -> ``inputs_embeds`` [batch, seq, hidden]: one Gather."""
     table = np.asarray(table, np.float32)
-    node = helper.make_node("Gather", ["embed_tokens.weight", "input_ids"], ["inputs_embeds"], name="embed")
-    graph = helper.make_graph(
-        [node], "embed_tokens",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
-        [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
-                                       ["batch_size", "sequence_length", table.shape[1]])],
-        [onnx.numpy_helper.from_array(table, "embed_tokens.weight")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edge-runtime")
-    model.ir_version = 8
-    return model
+    g = _GraphBuilder(0)
+    g.op("Gather", [g.const("embed_tokens.weight", table), "input_ids"])
+    g.nodes[-1].output[0] = "inputs_embeds"
+    return g.model("embed_tokens",
+                   [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
+                   [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
+                                                  ["batch_size", "sequence_length", table.shape[1]])])
 
 
-def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict[str, onnx.ModelProto]:
-    """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``)."""
+def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tuple[int, ...] | None, Any]:
+    """(family, decoder shape, M-RoPE sections or None, vision spec): ValueError or KeyError for a config
+    the graphs do not cover, before anything is built."""
     family = config.get("model_type")
     if family not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {family!r} is not supported: expected one of {list(SUPPORTED_MODEL_TYPES)}")
-    weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
-    text = text_weights(family, weights)
-    if text_config(config).get("tie_word_embeddings") and "lm_head.weight" in text:
-        del text["lm_head.weight"]  # the decoder ties to the embedding table when no head is given
-    shape = decoder_shape(config)
-    if family in QWEN_FAMILIES:
-        decoder = build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope_section(config))
+    if family == "qwen2_vl":
+        from edge_runtime.vision_graphs import qwen_vision_spec as vision_spec
+    elif family == "qwen2_5_vl":
+        from edge_runtime.vision_graphs_qwen25 import qwen25_vision_spec as vision_spec
     else:
-        decoder = build_decoder(shape, text, inputs_embeds=True)
+        from edge_runtime.vision_graphs_idefics import idefics_vision_spec as vision_spec
+    mrope, shape = mrope_section(config) if family in QWEN_FAMILIES else None, decoder_shape(config)
+    if mrope and 2 * sum(mrope) != shape.head_dim:
+        raise ValueError(f"mrope_section {list(mrope)} sums to {sum(mrope)}; expected head_dim/2 = {shape.head_dim // 2}")
+    return family, shape, mrope, vision_spec(config)
+
+
+def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], data_dir: Path | None = None
+                   ) -> Iterator[tuple[str, onnx.ModelProto]]:
+    """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``), built one at a
+    time. ``weights`` may be any mapping giving float32 arrays on access. With ``data_dir`` each part's
+    weights go straight to ``data_dir/<part>.onnx_data`` as it is built (``model_zoo.external_weights``):
+    a converter then holds about one tensor in memory, not a part of several GB."""
+    family, shape, mrope, spec = check_vlm_config(config)
+    text = text_weights(family, weights, tied=bool(text_config(config).get("tie_word_embeddings")))
     vision = vision_weights(family, weights)
     if family == "qwen2_vl":
-        from edge_runtime.vision_graphs import build_qwen2_vl_vision, qwen_vision_spec
-
-        encoder = build_qwen2_vl_vision(qwen_vision_spec(config), vision)
+        from edge_runtime.vision_graphs import build_qwen2_vl_vision as build_vision
     elif family == "qwen2_5_vl":
-        from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision, qwen25_vision_spec
-
-        encoder = build_qwen2_5_vl_vision(qwen25_vision_spec(config), vision)
+        from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision as build_vision
     else:
-        from edge_runtime.vision_graphs_idefics import build_idefics3_vision, idefics_vision_spec
+        from edge_runtime.vision_graphs_idefics import build_idefics3_vision as build_vision
+    builders = {"vision_encoder": lambda: build_vision(spec, vision),
+                "embed_tokens": lambda: build_embed_tokens(text["model.embed_tokens.weight"]),
+                "decoder_model_merged": lambda: build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope)}
+    for name, build in builders.items():
+        if data_dir is None:
+            yield name, build()
+        else:
+            with external_weights(Path(data_dir) / f"{name}.onnx_data"):
+                part = build()
+            yield name, part
 
-        encoder = build_idefics3_vision(idefics_vision_spec(config), vision)
-    return {"vision_encoder": encoder, "embed_tokens": build_embed_tokens(text["model.embed_tokens.weight"]),
-            "decoder_model_merged": decoder}
+
+def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict[str, onnx.ModelProto]:
+    """``iter_vlm_parts`` as a dict."""
+    return dict(iter_vlm_parts(config, weights))
 
 
 # decoder_model_merged always keeps its weights in "<file>_data" (as the onnx-community folders do, and so
@@ -127,31 +168,50 @@ def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
 EXTERNAL_DATA_BYTES = 512 * 2**20
 
 
-def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto], fp16: bool = False) -> dict[str, int]:
-    """Write ``folder/onnx/<part>.onnx`` (and ``<part>_fp16.onnx`` when ``fp16``); returns the
-    ``transformers.js_config.use_external_data_format`` map (file name -> number of data chunks)."""
+def _save(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bool,
+          external: dict[str, int]) -> None:
+    path, data = onnx_dir / f"{stem}.onnx", onnx_dir / f"{stem}.onnx_data"
+    path.unlink(missing_ok=True)
+    streamed = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
+    if streamed and not always_external and data.stat().st_size <= EXTERNAL_DATA_BYTES:
+        load_external_data_for_model(proto, str(onnx_dir))  # small: inline after all
+        data.unlink()
+        streamed = False
+    if not streamed:
+        data.unlink(missing_ok=True)
+    weight_bytes = initializer_bytes(proto)
+    if streamed:
+        onnx.save(proto, str(path))
+    elif always_external or weight_bytes > EXTERNAL_DATA_BYTES:
+        onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=data.name, size_threshold=1024)
+    else:
+        onnx.save(proto, str(path))
+    if data.is_file():
+        data.chmod(0o644)
+        external[path.name] = 1
+    if streamed or weight_bytes >= IN_MEMORY_CHECK_BYTES:  # not checked when built (model_zoo): check the file
+        onnx.checker.check_model(str(path))
+
+
+def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto] | Iterable[tuple[str, onnx.ModelProto]],
+               fp16: bool = False) -> dict[str, int]:
+    """Write ``folder/onnx/<part>.onnx`` (and ``<part>_fp16.onnx`` when ``fp16``) for each (name, graph),
+    dropping each graph once written; returns the ``transformers.js_config.use_external_data_format``
+    map (file name -> number of data chunks)."""
     onnx_dir = Path(folder) / "onnx"
     onnx_dir.mkdir(parents=True, exist_ok=True)
     external = {}
-    for name, model in parts.items():
-        variants = [(name, model)]
+    for name, model in (parts.items() if isinstance(parts, Mapping) else parts):
+        _save(model, onnx_dir, name, name == "decoder_model_merged", external)
         if fp16:
             from onnxruntime.transformers.float16 import convert_float_to_float16
 
-            # keep_io_types: the host feeds float32 either way; weights and arithmetic are fp16 inside
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)
-            variants.append((name + "_fp16", convert_float_to_float16(copy, keep_io_types=True,
-                                                                      disable_shape_infer=True)))
-        for stem, proto in variants:
-            path = onnx_dir / f"{stem}.onnx"
-            for stale in (path, onnx_dir / f"{stem}.onnx_data"):
-                stale.unlink(missing_ok=True)
-            if name == "decoder_model_merged" or proto.ByteSize() > EXTERNAL_DATA_BYTES:
-                onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                          location=f"{stem}.onnx_data", size_threshold=1024)
-                (onnx_dir / f"{stem}.onnx_data").chmod(0o644)
-                external[path.name] = 1
-            else:
-                onnx.save(proto, str(path))
+            # from the saved file (saving moved the weights out of ``model``); keep_io_types: the host
+            # feeds float32 either way, weights and arithmetic are fp16 inside
+            half = convert_float_to_float16(onnx.load(str(onnx_dir / f"{name}.onnx")), keep_io_types=True,
+                                            disable_shape_infer=True)
+            _save(half, onnx_dir, name + "_fp16", name == "decoder_model_merged", external)
+            del half
+        del model  # before the generator builds the next part
     return external

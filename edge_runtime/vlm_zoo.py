@@ -133,7 +133,7 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
                      fp16: bool = False) -> Path:
     """A complete transformers.js-layout folder (see the module docstring); returns ``folder``."""
     from edge_runtime.vlm_files import idefics_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
-    from edge_runtime.vlm_parts import build_vlm_parts, save_parts
+    from edge_runtime.vlm_parts import iter_vlm_parts, save_parts
 
     if family not in FAMILIES:
         raise ValueError(f"unknown VLM family {family!r}: expected one of {list(FAMILIES)}")
@@ -142,7 +142,7 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
     folder.mkdir(parents=True, exist_ok=True)
     ids = write_vlm_text_files(folder, family, shape.text.vocab, seed, shape.text.max_positions)
     config = vlm_config(family, shape, ids)
-    external = save_parts(folder, build_vlm_parts(config, random_vlm_weights(family, shape, seed)), fp16)
+    external = save_parts(folder, iter_vlm_parts(config, random_vlm_weights(family, shape, seed)), fp16)
     config["transformers.js_config"] = {"use_external_data_format": external}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     text = config.get("text_config", config)

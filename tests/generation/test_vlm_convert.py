@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlm_checkpoints import VLMSpec, checkpoint, load_model, model_inputs, sample_image, vlm_root
+from vlm_checkpoints import (QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs, onnx_greedy,
+                             sample_image, session, vision_feeds, vlm_root)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -22,7 +23,6 @@ pytest.importorskip("transformers")
 SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
          "smolvlm": VLMSpec(family="smolvlm", seed=2),
          "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3)}
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 QWEN = SPECS["qwen2_vl"]
 
 
@@ -67,21 +67,6 @@ def qwen_model(qwen_checkpoint: Path):
     return load_model(qwen_checkpoint)
 
 
-def session(folder: Path, part: str):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(folder / "onnx" / f"{part}.onnx"), options, providers=["CPUExecutionProvider"])
-
-
-def empty_past(config: dict, batch: int) -> dict[str, np.ndarray]:
-    text = config.get("text_config", config)
-    head_dim = text["hidden_size"] // text["num_attention_heads"]
-    return {f"past_key_values.{n}.{kind}": np.zeros((batch, text["num_key_value_heads"], 0, head_dim), np.float32)
-            for n in range(text["num_hidden_layers"]) for kind in ("key", "value")}
-
-
 def test_converted_folder_has_the_transformers_js_layout(family: str, converted: Path) -> None:
     config = json.loads((converted / "config.json").read_text())
     spec = SPECS[family]
@@ -122,6 +107,22 @@ def test_qwen_vision_features_equal_transformers(family: str, converted: Path, m
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["idefics3"], indirect=True)
+def test_idefics_position_buckets_for_every_valid_area(converted: Path, model) -> None:
+    """Tiles whose valid areas are 1..8 patches a side (the graph buckets in integers, transformers in
+    float32 with a 1 - 1e-6 shrink): features equal for each."""
+    size = SPECS["idefics3"].image_size
+    areas = [(8, 8), (1, 1), (3, 7), (5, 2), (7, 8), (8, 3), (2, 5), (6, 6), (4, 1)]
+    pixels = np.random.default_rng(7).standard_normal((1, len(areas), 3, size, size)).astype(np.float32)
+    mask = np.zeros((1, len(areas), size, size), bool)
+    for tile, (rows, cols) in enumerate(areas):
+        mask[0, tile, :rows * 4 - 1, :cols * 4 - 2] = True  # partial last patches still count
+    ours = session(converted, "vision_encoder").run(None, {"pixel_values": pixels, "pixel_attention_mask": mask})[0]
+    with torch.no_grad():
+        theirs = model.model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("family", ["idefics3", "smolvlm"], indirect=True)
 def test_idefics_vision_features_with_padding_equal_transformers(converted: Path, model) -> None:
     """Three tiles: one whole, one padded at the bottom right (partial patches), one all-zero padding tile."""
@@ -137,13 +138,6 @@ def test_idefics_vision_features_with_padding_equal_transformers(converted: Path
         theirs = model.model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(mask)).numpy()
     assert ours.shape == theirs.shape == (2, (size // 4) ** 2 // 4, SPECS["idefics3"].hidden)
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
-
-
-def vision_feeds(family: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if family in QWEN_FAMILIES:
-        grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
-        return {"pixel_values": inputs["pixel_values"], grid_name: inputs["image_grid_thw"]}
-    return {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
 
 
 def test_processed_image_features_equal_get_image_features(family: str, converted: Path, model) -> None:
@@ -195,44 +189,6 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, conve
         start = stop
 
 
-def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray], max_new: int) -> list[int]:
-    """The host loop over our three parts: embed, encode, splice at image_token_id, prefill, decode."""
-    config = json.loads((folder / "config.json").read_text())
-    eos = set(json.loads((folder / "generation_config.json").read_text())["eos_token_id"])
-    ids = inputs["input_ids"]
-    embeds = session(folder, "embed_tokens").run(None, {"input_ids": ids})[0]
-    features = session(folder, "vision_encoder").run(None, vision_feeds(family, inputs))[0]
-    features = features.reshape(-1, features.shape[-1])
-    rows = ids[0] == config["image_token_id"]
-    assert rows.sum() == len(features)
-    embeds[0, rows] = features
-    length, delta = ids.shape[1], 0
-    if family in QWEN_FAMILIES:
-        with torch.no_grad():  # transformers' get_rope_index: the positions oracle (the engine has its own)
-            positions, deltas = model.model.get_rope_index(
-                input_ids=torch.from_numpy(ids), image_grid_thw=torch.from_numpy(inputs["image_grid_thw"]),
-                attention_mask=torch.from_numpy(inputs["attention_mask"]))
-        positions, delta = positions.numpy(), int(deltas[0, 0])
-    else:
-        positions = np.arange(length, dtype=np.int64)[None]
-    decoder, embed = session(folder, "decoder_model_merged"), session(folder, "embed_tokens")
-    names = [o.name for o in decoder.get_outputs()]
-    feeds = {"inputs_embeds": embeds, "attention_mask": np.ones_like(ids), "position_ids": positions,
-             **empty_past(config, 1)}
-    tokens: list[int] = []
-    while True:
-        outputs = dict(zip(names, decoder.run(None, feeds)))
-        token = int(np.argmax(outputs["logits"][0, -1]))
-        tokens.append(token)
-        if token in eos or len(tokens) == max_new:
-            return tokens
-        past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
-        position = np.full((3, 1, 1) if family in QWEN_FAMILIES else (1, 1), length + delta, np.int64)
-        feeds = {"inputs_embeds": embed.run(None, {"input_ids": np.array([[token]], np.int64)})[0],
-                 "attention_mask": np.ones((1, length + 1), np.int64), "position_ids": position, **past}
-        length += 1
-
-
 @pytest.mark.parametrize("size", [(84, 56), (40, 48), (140, 112)], ids=["wide", "tall", "windows"])
 def test_greedy_tokens_equal_transformers_generate(family: str, converted: Path, model, size: tuple) -> None:
     inputs = model_inputs(family, converted, sample_image(*size, seed=5), "tap the settings button")
@@ -244,18 +200,41 @@ def test_greedy_tokens_equal_transformers_generate(family: str, converted: Path,
     assert len(set(expected)) > 3  # varied tokens: a broken part would not hide behind one repeated token
 
 
-def test_fp16_variants_load_and_stay_close(qwen_checkpoint: Path, tmp_path: Path) -> None:
-    from edge_runtime.vision_convert import convert_vlm_folder
+def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path, tmp_path: Path) -> None:
+    """``--fp16``: every part also as ``_fp16`` (float32 I/O); vision features within 1 % of fp32 (with a
+    padded tile for Idefics3/SmolVLM), and decoder outputs finite for a left-padded batch, last logits
+    within 2 % of fp32."""
+    from edge_runtime.cli import main
 
-    folder = convert_vlm_folder(qwen_checkpoint, tmp_path / "fp16", fp16=True)
-    grid = np.array([[1, 4, 4]], np.int64)
-    pixels = np.random.default_rng(4).standard_normal((16, 1176)).astype(np.float32)
-    full, half = (session(folder, part).run(None, {"pixel_values": pixels, "grid_thw": grid})[0]
+    folder = tmp_path / "fp16"
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(folder), "--precision", "fp16", "--json"]) == 0
+    rng = np.random.default_rng(4)
+    if family in QWEN_FAMILIES:
+        inputs = {"pixel_values": rng.standard_normal((24, 1176)).astype(np.float32),
+                  "image_grid_thw": np.array([[1, 4, 6]], np.int64)}
+    else:
+        size = SPECS[family].image_size
+        mask = np.ones((1, 2, size, size), bool)
+        mask[0, 1, 19:] = False
+        inputs = {"pixel_values": rng.standard_normal((1, 2, 3, size, size)).astype(np.float32),
+                  "pixel_attention_mask": mask}
+    full, half = (session(folder, part).run(None, vision_feeds(family, inputs))[0]
                   for part in ("vision_encoder", "vision_encoder_fp16"))
-    np.testing.assert_allclose(half, full, atol=0.05 * np.abs(full).max())
+    np.testing.assert_allclose(half, full, atol=0.01 * np.abs(full).max())
     config = json.loads((folder / "config.json").read_text())
     assert config["transformers.js_config"]["use_external_data_format"] == {
         "decoder_model_merged.onnx": 1, "decoder_model_merged_fp16.onnx": 1}
+    mask = np.ones((2, 6), np.int64)
+    mask[1, :3] = 0
+    base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    feeds = {"inputs_embeds": rng.standard_normal((2, 6, SPECS[family].hidden)).astype(np.float32) * 0.2,
+             "attention_mask": mask, "position_ids": np.stack([base] * 3) if family in QWEN_FAMILIES else base,
+             **empty_past(config, 2)}
+    decoder = session(folder, "decoder_model_merged_fp16")
+    outputs = dict(zip([o.name for o in decoder.get_outputs()], decoder.run(None, feeds)))
+    assert all(np.isfinite(v).all() for v in outputs.values())
+    full_logits = session(folder, "decoder_model_merged").run(["logits"], feeds)[0]
+    np.testing.assert_allclose(outputs["logits"][:, -1], full_logits[:, -1], atol=0.02 * np.abs(full_logits).max())
 
 
 def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
@@ -268,3 +247,94 @@ def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
     assert "'llava'" in err and "qwen2_vl, qwen2_5_vl, idefics3, smolvlm" in err
     assert main(["convert", str(tmp_path / "ckpt"), "--to", "onnx"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_large_model_path_external_data_for_every_part(qwen_checkpoint: Path, qwen_model, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    """Large parts are checked from their saved file, not in memory, and keep weights in ``<file>_data``
+    (limits lowered here so a tiny model takes the path a real checkpoint takes)."""
+    from edge_runtime import model_zoo, vlm_parts
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    for module in (model_zoo, vlm_parts):
+        monkeypatch.setattr(module, "IN_MEMORY_CHECK_BYTES", 4096)
+    monkeypatch.setattr(vlm_parts, "EXTERNAL_DATA_BYTES", 4096)
+    folder = convert_vlm_folder(qwen_checkpoint, tmp_path / "large")
+    parts = ("vision_encoder", "embed_tokens", "decoder_model_merged")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["use_external_data_format"] == {f"{p}.onnx": 1 for p in parts}
+    assert all((folder / "onnx" / f"{p}.onnx_data").is_file() for p in parts)
+    inputs = model_inputs("qwen2_vl", folder, sample_image(seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = qwen_model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=8,
+                                        do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("qwen2_vl", folder, qwen_model, inputs, 8) == expected
+
+
+def test_convert_refuses_scaled_rope_and_missing_weights(qwen_checkpoint: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from edge_runtime.errors import ModelLoadError
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    broken = tmp_path / "ckpt"
+    shutil.copytree(qwen_checkpoint, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["text_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "mrope_section": [2, 3, 3]}
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'yarn' is not supported"):
+        convert_vlm_folder(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no model.safetensors"):
+        convert_vlm_folder(broken, tmp_path / "out")
+
+
+@pytest.mark.parametrize("grid", [[[1, 1, 1]], [[0, 0, 0]], [[5, 7, 3]], [[1, 4, 6], [1, 1, 1]]])
+def test_qwen_vision_encoder_is_total_on_grids_that_do_not_match(qwen_converted: Path, grid: list) -> None:
+    """The planner probes graphs with synthetic inputs: a grid that disagrees with the 24 patch rows must not
+    fail a Gather or divide by zero (which would kill the process); the host validates real inputs."""
+    pixels = np.random.default_rng(0).standard_normal((24, 1176)).astype(np.float32)
+    out = session(qwen_converted, "vision_encoder").run(None, {"pixel_values": pixels,
+                                                              "grid_thw": np.array(grid, np.int64)})[0]
+    assert out.shape == (6, QWEN.hidden)
+
+
+def test_legacy_flat_config_bf16_shards_convert(qwen_checkpoint: Path, tmp_path: Path) -> None:
+    """The shape of released Qwen2-VL checkpoints: text fields flat at the top level (no text_config),
+    ``rope_scaling.type == "mrope"``, bfloat16 weights in two shards with an index; the oracle is
+    transformers loading that same folder in float32."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(qwen_checkpoint, legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    text = config.pop("text_config")
+    text.pop("model_type")
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": text["rope_scaling"]["mrope_section"]}
+    config.update(text, architectures=["Qwen2VLForConditionalGeneration"], torch_dtype="bfloat16")
+    config.pop("dtype", None)
+    (legacy / "config.json").write_text(json.dumps(config))
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(legacy / "model.safetensors")).items()}
+    (legacy / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k].contiguous() for k in keys}, str(legacy / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (legacy / "model.safetensors.index.json").write_text(json.dumps(index))
+    folder = convert_vlm_folder(legacy, tmp_path / "out")
+    model = load_model(legacy)
+    assert next(model.parameters()).dtype == torch.float32
+    inputs = model_inputs("qwen2_vl", folder, sample_image(seed=5), "tap the settings button")
+    with torch.no_grad():
+        generated = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=12,
+                                   do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("qwen2_vl", folder, model, inputs, 12) == expected
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == QWEN.layers

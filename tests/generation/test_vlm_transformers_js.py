@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlm_checkpoints import VLMSpec, checkpoint, load_model, model_inputs, sample_image, vlm_root
+from vlm_checkpoints import (VLMSpec, checkpoint, load_model, model_inputs, onnx_greedy, sample_image, vlm_root,
+                             zoo_checkpoint)
 
 torch = pytest.importorskip("torch")
 
@@ -29,11 +30,11 @@ JS = Path(__file__).resolve().parent / "js"
 INSTALL = "npm ci --ignore-scripts --prefix tests/generation/js"
 
 
-def node_greedy(folder: Path, image: Path, prompt: str, max_new: int) -> dict:
+def node_greedy(folder: Path, image: Path, prompt: str, max_new: int, dtype: str = "fp32") -> dict:
     node = shutil.which("node")
     if node is None or not (JS / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.skip(f"transformers.js is not installed: run `{INSTALL}` (and install node >= 18)")
-    done = subprocess.run([node, str(JS / "vlm_greedy.mjs"), str(folder), str(image), prompt, str(max_new)],
+    done = subprocess.run([node, str(JS / "vlm_greedy.mjs"), str(folder), str(image), prompt, str(max_new), dtype],
                           capture_output=True, text=True, timeout=300, cwd=JS)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -54,18 +55,31 @@ def decode(tensor: dict) -> np.ndarray:
 @pytest.mark.parametrize("spec,size", CASES, ids=[spec.family for spec, _ in CASES])
 def test_transformers_js_greedy_tokens_equal_transformers(spec: VLMSpec, size: tuple, tmp_path_factory,
                                                           tmp_path: Path) -> None:
+    """A converted checkpoint."""
     from edge_runtime.vision_convert import convert_vlm_folder
 
     hf = checkpoint(spec, vlm_root(tmp_path_factory))
-    folder = convert_vlm_folder(hf, tmp_path / spec.family)
+    check_against_transformers(spec.family, convert_vlm_folder(hf, tmp_path / spec.family), hf, size, tmp_path)
+
+
+@pytest.mark.parametrize("family,size", [("qwen2_vl", (84, 56)), ("smolvlm", (64, 64))])
+def test_zoo_folders_run_in_transformers_js(family: str, size: tuple, tmp_path: Path) -> None:
+    """A ``write_vlm_folder`` folder (our own config.json, tokenizer and processor files)."""
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    folder = write_vlm_folder(tmp_path / family, family, seed=4)
+    check_against_transformers(family, folder, zoo_checkpoint(folder, family, 4, tmp_path / "hf"), size, tmp_path)
+
+
+def check_against_transformers(family: str, folder: Path, hf: Path, size: tuple, tmp_path: Path) -> None:
     image, prompt = sample_image(*size, seed=5), "tap the settings button"
     image.save(tmp_path / "screen.png")
-    inputs = model_inputs(spec.family, folder, image, prompt)
+    inputs = model_inputs(family, folder, image, prompt)
     js = node_greedy(folder, tmp_path / "screen.png", prompt, 12)
     assert js["prompt_ids"] == inputs["input_ids"][0].tolist()  # same template rendering and image expansion
     js_inputs = {name: decode(tensor) for name, tensor in js["inputs"].items()}
     assert sorted(js_inputs) == sorted(set(inputs) - {"input_ids", "attention_mask"})
-    exact = slice(None) if spec.family != "smolvlm" else slice(0, -1)  # all but SmolVLM's resized global tile
+    exact = slice(None) if family != "smolvlm" else slice(0, -1)  # all but SmolVLM's resized global tile
     np.testing.assert_allclose(js_inputs["pixel_values"][:, exact], inputs["pixel_values"][:, exact], atol=1e-5)
     np.testing.assert_allclose(js_inputs["pixel_values"], inputs["pixel_values"], atol=0.5)
     for name in set(js_inputs) - {"pixel_values"}:
@@ -78,3 +92,18 @@ def test_transformers_js_greedy_tokens_equal_transformers(spec: VLMSpec, size: t
     expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
     assert js["tokens"] == expected
     assert len(set(expected)) > 3
+
+
+def test_fp16_parts_run_in_transformers_js_like_in_onnxruntime(tmp_path_factory, tmp_path: Path) -> None:
+    """``--fp16`` variants: transformers.js with dtype fp16 loads the ``_fp16`` files and decodes the same
+    tokens as our host loop over those files (fp16 may differ from fp32, so the oracle runs the same files)."""
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    hf = checkpoint(VLMSpec(family="qwen2_vl"), vlm_root(tmp_path_factory))
+    folder = convert_vlm_folder(hf, tmp_path / "qwen2_vl", fp16=True)
+    image, prompt = sample_image(84, 56, seed=5), "tap the settings button"
+    image.save(tmp_path / "screen.png")
+    inputs = model_inputs("qwen2_vl", folder, image, prompt)
+    js = node_greedy(folder, tmp_path / "screen.png", prompt, 12, dtype="fp16")
+    assert js["prompt_ids"] == inputs["input_ids"][0].tolist()
+    assert js["tokens"] == onnx_greedy("qwen2_vl", folder, load_model(hf), inputs, 12, suffix="_fp16")

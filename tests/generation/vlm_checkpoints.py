@@ -1,4 +1,4 @@
-"""Tiny random-weight transformers VLM checkpoints for the converter tests, and the oracle's helpers.
+"""Tiny random-weight transformers VLM checkpoints for the converter tests, and a host loop over ONNX parts.
 
 ``checkpoint(spec, root)`` builds a ``*ForConditionalGeneration`` model with torch
 from a fixed seed (weights redrawn at a larger std than transformers' 0.02 so greedy
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 FIXTURE_VERSION = 1
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 
 
 @dataclass(frozen=True)
@@ -217,3 +218,82 @@ def qwen_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
     ids = np.array([tokenizer(prompt)["input_ids"]], np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "pixel_values": pixels["pixel_values"],
             "image_grid_thw": pixels["image_grid_thw"].astype(np.int64)}
+
+
+def session(folder: Path, part: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(folder / "onnx" / f"{part}.onnx"), options, providers=["CPUExecutionProvider"])
+
+
+def empty_past(config: dict, batch: int) -> dict[str, np.ndarray]:
+    text = config.get("text_config", config)
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    return {f"past_key_values.{n}.{kind}": np.zeros((batch, text["num_key_value_heads"], 0, head_dim), np.float32)
+            for n in range(text["num_hidden_layers"]) for kind in ("key", "value")}
+
+
+def vision_feeds(family: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if family in QWEN_FAMILIES:
+        grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
+        return {"pixel_values": inputs["pixel_values"], grid_name: inputs["image_grid_thw"]}
+    return {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
+
+
+def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray], max_new: int,
+                suffix: str = "") -> list[int]:
+    """The host loop over our three parts (``suffix``: ``""`` or ``"_fp16"``): embed, encode, splice at
+    image_token_id, prefill, decode. Qwen positions come from transformers' ``get_rope_index``."""
+    import torch
+
+    config = json.loads((folder / "config.json").read_text())
+    eos = set(json.loads((folder / "generation_config.json").read_text())["eos_token_id"])
+    ids = inputs["input_ids"]
+    embeds = session(folder, "embed_tokens" + suffix).run(None, {"input_ids": ids})[0]
+    features = session(folder, "vision_encoder" + suffix).run(None, vision_feeds(family, inputs))[0]
+    features = features.reshape(-1, features.shape[-1])
+    rows = ids[0] == config["image_token_id"]
+    assert rows.sum() == len(features)
+    embeds[0, rows] = features
+    length, delta = ids.shape[1], 0
+    if family in QWEN_FAMILIES:
+        with torch.no_grad():  # transformers' get_rope_index: the positions oracle (the engine has its own)
+            positions, deltas = model.model.get_rope_index(
+                input_ids=torch.from_numpy(ids), image_grid_thw=torch.from_numpy(inputs["image_grid_thw"]),
+                attention_mask=torch.from_numpy(inputs["attention_mask"]))
+        positions, delta = positions.numpy(), int(deltas[0, 0])
+    else:
+        positions = np.arange(length, dtype=np.int64)[None]
+    decoder, embed = session(folder, "decoder_model_merged" + suffix), session(folder, "embed_tokens" + suffix)
+    names = [o.name for o in decoder.get_outputs()]
+    feeds = {"inputs_embeds": embeds, "attention_mask": np.ones_like(ids), "position_ids": positions,
+             **empty_past(config, 1)}
+    tokens: list[int] = []
+    while True:
+        outputs = dict(zip(names, decoder.run(None, feeds)))
+        token = int(np.argmax(outputs["logits"][0, -1]))
+        tokens.append(token)
+        if token in eos or len(tokens) == max_new:
+            return tokens
+        past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
+        position = np.full((3, 1, 1) if family in QWEN_FAMILIES else (1, 1), length + delta, np.int64)
+        feeds = {"inputs_embeds": embed.run(None, {"input_ids": np.array([[token]], np.int64)})[0],
+                 "attention_mask": np.ones((1, length + 1), np.int64), "position_ids": position, **past}
+        length += 1
+
+
+def zoo_checkpoint(zoo: Path, family: str, seed: int, out: Path) -> Path:
+    """A transformers checkpoint of a ``write_vlm_folder`` folder: its config, tokenizer and processor
+    files plus ``random_vlm_weights`` as ``model.safetensors``, so transformers can load the same model."""
+    from safetensors.numpy import save_file
+
+    from edge_runtime.vlm_zoo import VLMShape, random_vlm_weights
+
+    out.mkdir(parents=True, exist_ok=True)
+    for item in zoo.iterdir():
+        if item.is_file():
+            shutil.copyfile(item, out / item.name)
+    save_file(random_vlm_weights(family, VLMShape(), seed), str(out / "model.safetensors"))
+    return out

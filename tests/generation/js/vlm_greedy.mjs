@@ -12,7 +12,7 @@ import path from 'node:path';
 
 import { AutoModelForImageTextToText, AutoProcessor, RawImage, env } from '@huggingface/transformers';
 
-const [folder, imagePath, prompt, maxNew] = process.argv.slice(2);
+const [folder, imagePath, prompt, maxNew, dtype = 'fp32'] = process.argv.slice(2);
 if (!folder || !imagePath || prompt === undefined || !maxNew) {
     console.error('usage: node vlm_greedy.mjs FOLDER IMAGE PROMPT MAX_NEW_TOKENS');
     process.exit(2);
@@ -23,7 +23,7 @@ env.localModelPath = path.dirname(path.resolve(folder)) + path.sep;
 const id = path.basename(path.resolve(folder));
 
 const processor = await AutoProcessor.from_pretrained(id);
-const model = await AutoModelForImageTextToText.from_pretrained(id, { dtype: 'fp32', device: 'cpu' });
+const model = await AutoModelForImageTextToText.from_pretrained(id, { dtype, device: 'cpu' });
 const messages = [{ role: 'user', content: [{ type: 'image' }, { type: 'text', text: prompt }] }];
 const text = processor.apply_chat_template(messages, { add_generation_prompt: true });
 const image = await RawImage.read(imagePath);
