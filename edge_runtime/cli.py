@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_split_arguments(split)
     split.set_defaults(handler=_cmd_split)
 
-    generate = sub.add_parser("generate", help="generate text with a decoder LLM folder (optimum export)")
+    generate = sub.add_parser("generate", help="generate text with a decoder LLM folder (optimum export) or a vision-language one (--image)")
     from edge_runtime.generation.command import add_generate_arguments  # argparse only: cheap to import
 
     add_generate_arguments(generate)
@@ -156,18 +156,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from edge_runtime.demo import format_table, run_demo
 
     from edge_runtime.generation.command import format_generation, generation_demo
+    from edge_runtime.generation.vision.demo import format_vlm_demo, vlm_demo
     from edge_runtime.runtime import Runtime
 
     runtime = Runtime()
     try:
         rows, chosen = run_demo(repeat=args.repeat, runtime=runtime)
         generation = generation_demo(runtime)
+        vision = vlm_demo(runtime)
     finally:
         runtime.close()
     if args.json:
-        _print_json({"rows": rows, "auto_backend": chosen, "generation": generation})
+        _print_json({"rows": rows, "auto_backend": chosen, "generation": generation, "vision": vision})
     else:
-        print(format_table(rows, chosen) + format_generation(generation))
+        print(format_table(rows, chosen) + format_generation(generation) + format_vlm_demo(vision))
     return 0
 
 

@@ -8,7 +8,9 @@ the KV of prompt prefixes; ``batcher`` schedules sequences per token
 (continuous batching); ``model`` is the embedded API (``GenerativeModel``);
 ``openai_params`` parses OpenAI request bodies; ``openai_cloud`` and
 ``cloud_router`` send requests to an OpenAI-compatible peer; ``genai_engine``
-runs onnxruntime-genai folders; ``command`` is the CLI.
+runs onnxruntime-genai folders; ``command`` is the CLI; ``vision`` adds images
+(vision-language models: the vision encoder, the splice, M-RoPE) in front of the
+same engine and batcher.
 
 This package knows no HTTP: the server's ``openai_routes`` and
 ``generate_routes`` translate requests into it. Heavy imports (onnxruntime,

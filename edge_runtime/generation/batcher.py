@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from edge_runtime.errors import InvalidInputError, QueueFullError
 from edge_runtime.generation.engine import DecoderEngine
@@ -73,8 +73,16 @@ class ContinuousBatcher:
         self.warmups = 0  # warm_up calls that ran (load-time work a request no longer pays)
 
     # -- client side (any thread) -------------------------------------------------------
-    def submit(self, prompt: list[int], params: SamplingParams, sink: Sink) -> Sequence:
-        """Queue a request; InvalidInputError when it cannot fit the context, QueueFullError when full."""
+    def submit(self, prompt: list[int], params: SamplingParams, sink: Sink, *, inputs: Any = None,
+               cache_key: list[int] | None = None) -> Sequence:
+        """Queue a request; InvalidInputError when it cannot fit the context, QueueFullError when full.
+
+        ``inputs``: the prompt's precomputed decoder inputs for the engine (a VLM's
+        ``EmbeddedPrompt``); ``cache_key``: the prompt as the prefix cache should key it (same
+        length as ``prompt``); see ``Sequence``.
+        """
+        if cache_key is not None and len(cache_key) != len(prompt):
+            raise ValueError(f"cache_key has {len(cache_key)} ids for a prompt of {len(prompt)}")
         if not prompt:
             raise InvalidInputError("the prompt is empty: give at least one token")
         if len(prompt) >= self.max_len:
@@ -84,7 +92,8 @@ class ContinuousBatcher:
         if params.max_tokens is not None and params.max_tokens > room:
             raise InvalidInputError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
                                     f"exceeds this model's context of {self.max_len} tokens")
-        sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink)
+        sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink,
+                            inputs=inputs, cache_key=list(cache_key) if cache_key is not None else None)
         if sequence.reserved_tokens > self.budget_tokens:
             raise InvalidInputError(f"the request needs {sequence.reserved_tokens} KV positions (prompt + max_tokens);"
                                     f" the model's budget is {self.budget_tokens}: lower max_tokens")
@@ -244,31 +253,35 @@ class ContinuousBatcher:
             self._relayout(list(range(len(running))), [])
 
     def _prefill_chunk(self, sequence: Sequence) -> None:
+        started = time.perf_counter()
         if sequence.past is None and sequence.position == 0:
-            matched, past = self.prefix_cache.lookup(sequence.prompt)
+            sequence.prefill_started_s = started
+            matched, past = self.prefix_cache.lookup(sequence.key)
             sequence.position, sequence.past, sequence.cached_tokens = matched, past, matched
         end = min(len(sequence.prompt), sequence.position + self.settings.prefill_chunk_tokens)
-        started = time.perf_counter()
-        logits, present = self.engine.prefill(sequence.prompt[sequence.position:end], sequence.past)
+        logits, present = self.engine.prefill(sequence.prompt[sequence.position:end], sequence.past,
+                                              sequence.inputs)
         self._rate("prefill", (end - sequence.position) / max(time.perf_counter() - started, 1e-9))
         self._prefill_tokens += end - sequence.position
         sequence.position, sequence.past = end, present
         if end < len(sequence.prompt):
             return
+        sequence.prefill_done_s = time.perf_counter()
+        sequence.inputs = None  # a VLM prompt's embeddings: the KV holds what they gave
         self._prefilling.remove(sequence)
-        self.prefix_cache.insert(sequence.prompt, present)
+        self.prefix_cache.insert(sequence.key, present)
         if sequence.accept(logits):
             sequence.past = None
             return
         sequence.state = "running"
         with self._wake:  # stats() reads the lists from other threads
             self._running.append(sequence)
-        self._relayout(list(range(len(self._running) - 1)), [present])
+        self._relayout(list(range(len(self._running) - 1)), [present], [sequence.position_offset])
         sequence.past = None
 
-    def _relayout(self, keep: list[int], joining: list) -> None:
+    def _relayout(self, keep: list[int], joining: list, offsets: list[int] | None = None) -> None:
         """Rebuild the KV layout; ``self._running`` must already list the joining sequences at its end."""
-        self.engine.kv.rebuild(keep, joining)
+        self.engine.kv.rebuild(keep, joining, offsets)
         with self._wake:
             kept = [self._running[i] for i in keep]
             self._running = kept + self._running[len(self._running) - len(joining):] if joining else kept
@@ -276,7 +289,7 @@ class ContinuousBatcher:
     def _remember(self, sequence: Sequence, row: int) -> None:
         """Cache the finished sequence's prompt + answer blocks (its KV holds all but the last token)."""
         if self.prefix_cache.budget_bytes > 0:
-            tokens = sequence.prompt + sequence.generated[:-1]
+            tokens = sequence.key + sequence.generated[:-1]
             self.prefix_cache.insert(tokens, self.engine.kv.row_kv(row))
 
     def _rate(self, kind: str, value: float) -> None:

@@ -42,9 +42,11 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+def normalize_messages(messages: Any, multimodal: bool = False) -> list[dict[str, Any]]:
     """Validated OpenAI chat messages; text content parts are joined into one string.
 
+    ``multimodal``: content lists may also hold ``{"type": "image"}`` parts (a VLM's template
+    places the images; ``vision.messages.split_images`` made them) and are kept as lists.
     Raises InvalidInputError naming the message and what is wrong with it.
     """
     if not isinstance(messages, list) or not messages:
@@ -57,6 +59,14 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise InvalidInputError(f"messages[{index}].role must be one of {list(ROLES)}, got {role!r}")
         content = message.get("content")
+        if isinstance(content, list) and multimodal:
+            for part in content:
+                if not (isinstance(part, Mapping) and (part.get("type") == "image" or (
+                        part.get("type") == "text" and isinstance(part.get("text"), str)))):
+                    raise InvalidInputError(f"messages[{index}].content parts must be text or image parts, "
+                                            f"got {part!r}"[:300])
+            normalized.append({**message, "role": role, "content": list(content)})
+            continue
         if isinstance(content, list):
             texts = []
             for part in content:
@@ -114,15 +124,17 @@ class ChatTokenizer:
         return self._template is not None
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Any = None, **kwargs: Any) -> str:
-        """The prompt text for ``messages``; InvalidInputError for bad messages or a template's refusal."""
+               tools: Any = None, multimodal: bool = False, **kwargs: Any) -> str:
+        """The prompt text for ``messages``; InvalidInputError for bad messages or a template's refusal.
+
+        ``multimodal``: see ``normalize_messages``."""
         if self._template is None:
             raise InvalidInputError("this model has no chat template (chat_template.jinja or tokenizer_config.json "
                                     "'chat_template'): use the completions API with a plain prompt")
         from jinja2.exceptions import TemplateError
 
         try:
-            return self._template.render(messages=normalize_messages(list(messages)), tools=tools,
+            return self._template.render(messages=normalize_messages(list(messages), multimodal), tools=tools,
                                          add_generation_prompt=add_generation_prompt,
                                          **self.special_tokens, **kwargs)
         except TemplateError as exc:

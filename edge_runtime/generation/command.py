@@ -1,5 +1,9 @@
-"""``edge-runtime generate MODEL_DIR (--prompt TEXT | --messages FILE.json) [--max-tokens N] [--json]``
-and the generation part of ``edge-runtime demo``."""
+"""``edge-runtime generate MODEL_DIR [--image PATH ...] (--prompt TEXT | --messages FILE.json) [--max-tokens N]
+[--json]`` and the generation part of ``edge-runtime demo``.
+
+``--image`` (repeatable; a vision-language folder) adds local image files: with ``--prompt``
+as ``images=``, with ``--messages`` as image parts in front of the last user message's content.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +19,14 @@ DEMO_DECODER_VERSION = 1  # bump when decoder_zoo's graph or the demo shape chan
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, help="model folder (optimum export: model.onnx, config.json, tokenizer)")
+    parser.add_argument("model", type=Path, help="model folder (optimum export: model.onnx, config.json, tokenizer; "
+                        "or a vision-language model in the transformers.js layout)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="plain prompt text")
     source.add_argument("--messages", type=Path, metavar="FILE.json",
                         help="chat messages: a JSON list of {role, content}, rendered by the chat template")
+    parser.add_argument("--image", action="append", default=[], type=Path, metavar="PATH",
+                        help="an image file for a vision-language model (repeatable)")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -36,6 +43,21 @@ def _messages(path: Path) -> list[dict[str, Any]]:
     return messages
 
 
+def with_images(messages: Any, images: list[Path]) -> Any:
+    """``messages`` with ``images`` as image parts at the start of the last user message."""
+    if not images:
+        return messages
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"] \
+        if isinstance(messages, list) else []
+    if not users:
+        raise InvalidInputError("--image needs a user message in --messages to attach the images to")
+    last = dict(messages[users[-1]])
+    content = last.get("content")
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    last["content"] = [*({"type": "image", "image": path} for path in images), *parts]
+    return [*messages[:users[-1]], last, *messages[users[-1] + 1:]]
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from edge_runtime.runtime import Runtime
 
@@ -44,13 +66,20 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                   "seed": args.seed, "stop": args.stop or None}
-        kwargs = {"messages": _messages(args.messages)} if args.messages else {"prompt": args.prompt}
+        images = [path.expanduser() for path in args.image]
+        if args.messages:
+            kwargs: dict[str, Any] = {"messages": with_images(_messages(args.messages), images)}
+        else:
+            kwargs = {"prompt": args.prompt, **({"images": images} if images else {})}
         if args.json:
             result = model.generate(**kwargs, **params)
-            print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                              "usage": result.usage.to_dict(), "token_ids": list(result.token_ids),
-                              "time_to_first_token_ms": round((result.time_to_first_token_s or 0) * 1e3, 3),
-                              "elapsed_ms": round(result.elapsed_s * 1e3, 3)}, ensure_ascii=False, indent=2))
+            report = {"text": result.text, "finish_reason": result.finish_reason, "usage": result.usage.to_dict(),
+                      "token_ids": list(result.token_ids),
+                      "time_to_first_token_ms": round((result.time_to_first_token_s or 0) * 1e3, 3),
+                      "elapsed_ms": round(result.elapsed_s * 1e3, 3)}
+            if result.timings is not None:
+                report["timings_ms"] = result.timings.to_dict()
+            print(json.dumps(report, ensure_ascii=False, indent=2))
         else:
             for chunk in model.iter_chunks(**kwargs, **params):
                 sys.stdout.write(chunk.text)

@@ -10,7 +10,7 @@ and single-threaded: one caller (the batcher's loop) owns it.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -64,19 +64,40 @@ class DecoderEngine:
         layout = self.folder.kv
         return [np.zeros((1, layout.kv_heads, 0, layout.head_dim), layout.dtype) for _ in self.past_names]
 
-    def prefill(self, tokens: Sequence[int], past: list[np.ndarray] | None) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Run ``tokens`` after ``past`` (None: empty); returns (logits of the last token [vocab], present)."""
+    def prefill(self, tokens: Sequence[int], past: list[np.ndarray] | None,
+                prompt: Any = None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run ``tokens`` after ``past`` (None: empty); returns (logits of the last token [vocab], present).
+
+        ``prompt``: the whole prompt's precomputed inputs (an embedding engine's ``EmbeddedPrompt``),
+        of which this chunk is ``[past length, past length + len(tokens))``; a text decoder takes none.
+        """
         past = past if past is not None else self.empty_past()
         start = int(past[0].shape[2])
         n = len(tokens)
-        feeds = {"input_ids": np.asarray(tokens, np.int64).reshape(1, n),
-                 "attention_mask": np.ones((1, start + n), np.int64)}
-        if self.folder.has_position_ids:
-            feeds["position_ids"] = np.arange(start, start + n, dtype=np.int64).reshape(1, n)
+        feeds = self._chunk_inputs(tokens, start, prompt)
+        feeds["attention_mask"] = np.ones((1, start + n), np.int64)
         feeds.update(zip(self.past_names, past))
         outputs = self.session.run(["logits", *self.present_names], feeds)
         self.runs += 1
         return np.asarray(outputs[0][0, -1], np.float32), outputs[1:]
+
+    def _chunk_inputs(self, tokens: Sequence[int], start: int, prompt: Any) -> dict[str, np.ndarray]:
+        """The token and position inputs of a prefill chunk starting at cache index ``start``."""
+        if prompt is not None:
+            raise ValueError("a text decoder takes token ids only, not precomputed prompt inputs")
+        n = len(tokens)
+        feeds = {"input_ids": np.asarray(tokens, np.int64).reshape(1, n)}
+        if self.folder.has_position_ids:
+            feeds["position_ids"] = np.arange(start, start + n, dtype=np.int64).reshape(1, n)
+        return feeds
+
+    def _step_inputs(self, tokens: Sequence[int]) -> dict[str, np.ndarray]:
+        """The token and position inputs of one decode step (one token per batch row)."""
+        rows = len(tokens)
+        feeds = {"input_ids": np.asarray(tokens, np.int64).reshape(rows, 1)}
+        if self.folder.has_position_ids:
+            feeds["position_ids"] = np.asarray(self.kv.positions(), np.int64).reshape(rows, 1)
+        return feeds
 
     def decode(self, tokens: Sequence[int]) -> np.ndarray:
         """One step for every batch row (``tokens[i]`` for row ``i``); returns logits [rows, vocab]."""
@@ -86,10 +107,9 @@ class DecoderEngine:
         binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        binding.bind_cpu_input("input_ids", np.asarray(tokens, np.int64).reshape(rows, 1))
+        for name, value in self._step_inputs(tokens).items():
+            binding.bind_cpu_input(name, value)
         binding.bind_cpu_input("attention_mask", kv.attention_mask())
-        if self.folder.has_position_ids:
-            binding.bind_cpu_input("position_ids", np.asarray(kv.lengths(), np.int64).reshape(rows, 1))
         past, present = kv.bindings()
         for name, value in zip(self.past_names, past):
             binding.bind_ortvalue_input(name, value)

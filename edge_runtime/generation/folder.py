@@ -27,12 +27,15 @@ _ONNX_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 def is_generative_folder(folder: Path) -> bool:
     """True when ``folder`` holds a decoder LLM: a tokenizer and either ``genai_config.json`` or a
-    ``config.json`` beside ``model.onnx``. Reads no ONNX (cheap enough for a repository scan)."""
+    ``config.json`` beside ``model.onnx``, or a vision-language model in the transformers.js layout
+    (``edge_runtime.generation.vision.folder``). Reads no ONNX (cheap enough for a repository scan)."""
+    from edge_runtime.generation.vision.folder import is_vlm_folder
+
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         return False
     return (folder / GENAI_CONFIG).is_file() or ((folder / "config.json").is_file()
-                                                  and (folder / MODEL_FILE).is_file())
+                                                  and (folder / MODEL_FILE).is_file()) or is_vlm_folder(folder)
 
 
 def is_genai_folder(folder: Path) -> bool:
@@ -73,7 +76,7 @@ class DecoderFolder:
         return sum(p.stat().st_size for p in self.weight_files if p.is_file())
 
 
-def _json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
@@ -109,14 +112,21 @@ def read_folder(folder: Path) -> DecoderFolder:
     model_path = folder / MODEL_FILE
     if not model_path.is_file():
         raise ModelLoadError(f"{folder}: no {MODEL_FILE} (an optimum text-generation-with-past export)")
-    config = _json(folder / "config.json")
-    generation = _json(folder / "generation_config.json")
+    return describe_decoder(folder, model_path, read_json(folder / "config.json"),
+                            read_json(folder / "generation_config.json"))
+
+
+def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], generation: dict[str, Any],
+                     first_input: str = "input_ids") -> DecoderFolder:
+    """Describe the decoder graph ``model_path`` (its token input named ``first_input``: ``input_ids``,
+    or ``inputs_embeds`` for a vision-language model's decoder) with its text ``config`` and
+    ``generation`` config; ModelLoadError names what is missing or wrong."""
     import onnx
 
     proto = onnx.load(str(model_path), load_external_data=False)
     inputs = {v.name: v for v in proto.graph.input}
     outputs = {v.name for v in proto.graph.output}
-    missing = [n for n in ("input_ids", "attention_mask") if n not in inputs] + (
+    missing = [n for n in (first_input, "attention_mask") if n not in inputs] + (
         [] if "logits" in outputs else ["logits (output)"])
     past = sorted({int(m.group(1)) for n in inputs if (m := _PAST.match(n))})
     if missing or not past:
@@ -141,7 +151,7 @@ def read_folder(folder: Path) -> DecoderFolder:
     vocab = logits[-1].dim_value if logits and logits[-1].HasField("dim_value") else int(config.get("vocab_size", 0))
     if vocab <= 0:
         raise ModelLoadError(f"{model_path}: vocabulary size unknown (logits' last dim and config.json vocab_size)")
-    context = int(config.get("max_position_embeddings") or _json(folder / "tokenizer_config.json").get(
+    context = int(config.get("max_position_embeddings") or read_json(folder / "tokenizer_config.json").get(
         "model_max_length") or 2048)
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
     return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),

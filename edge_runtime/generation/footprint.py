@@ -2,8 +2,9 @@
 
 A served decoder is charged three parts, each under the model's name:
 
-* ``weights``: its model files (``model.onnx`` and its external data) times the budget's
-  ``footprint_factor``, as a tensor model is charged;
+* ``weights``: its model files (``model.onnx`` and its external data; a vision-language model's
+  decoder, embed_tokens and vision encoder files) times the budget's ``footprint_factor``, as a
+  tensor model is charged;
 * ``kv_cache``: the decode batch's KV buffers, which the engine allocates once at load
   (``BatchKV``: two buffers per layer tensor × rows × positions × bytes per token, where rows is
   ``max_batch_size`` — 1 for a model without ``position_ids`` — positions is the model's context
@@ -28,6 +29,7 @@ from edge_runtime.generation.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.vision.settings import VisionSettings
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,12 @@ def kv_positions(folder: DecoderFolder, settings: GenerationSettings) -> int:
     return min(folder.context_length, settings.max_seq_len)
 
 
-def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor: float) -> GenerationFootprint:
+def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor: float,
+                      vision: "VisionSettings | None" = None) -> GenerationFootprint:
     """The parts a load of the folder ``path`` will allocate (reads its description, allocates nothing).
 
-    Raises what reading the folder raises (ModelLoadError, ModelNotFoundError).
+    A vision-language folder's weights are its three parts' files as ``vision`` (its ``[vision]``
+    settings) chooses them. Raises what reading the folder raises (ModelLoadError, ModelNotFoundError).
     """
     from edge_runtime.generation.engine import decode_rows
     from edge_runtime.generation.kv_cache import buffer_bytes
@@ -68,8 +72,9 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
 
         return GenerationFootprint(int(read_genai_folder(path).weight_bytes * footprint_factor), 0, 0)
     from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.vision.folder import is_vlm_folder, read_vlm_folder
 
-    folder = read_folder(path)
+    folder = read_vlm_folder(path, vision).decoder if is_vlm_folder(path) else read_folder(path)
     kv = buffer_bytes(folder.kv, decode_rows(folder, settings.max_batch_size), kv_positions(folder, settings))
     return GenerationFootprint(int(folder.weight_bytes * footprint_factor), kv, settings.prefix_cache_bytes)
 

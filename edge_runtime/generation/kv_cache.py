@@ -12,6 +12,10 @@ Rows hold sequences of different lengths right-aligned: row ``i`` has
 ``pads[i]`` leading zero positions that the attention mask hides, so every
 row appends its next token at the same column ``L``. The layout is rebuilt
 (one copy) only when sequences join or leave.
+
+Each row also carries a position offset (0 for text; a Qwen2-VL sequence's
+M-RoPE ``rope_delta``): the next token of a row with ``n`` cached positions
+sits at position ``n + offset``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class BatchKV:
         self._current = 0
         self.length = 0  # L: columns in use
         self.pads: list[int] = []  # leading pad positions per row
+        self.offsets: list[int] = []  # position offset per row (see the module docstring)
 
     @property
     def rows(self) -> int:
@@ -55,6 +60,10 @@ class BatchKV:
     def lengths(self) -> list[int]:
         """True length (tokens cached) of each row."""
         return [self.length - pad for pad in self.pads]
+
+    def positions(self) -> list[int]:
+        """Position of each row's next token: its length plus its offset."""
+        return [self.length - pad + offset for pad, offset in zip(self.pads, self.offsets)]
 
     def _views(self, side: int, rows: int, length: int) -> list[np.ndarray]:
         h, d = self.layout.kv_heads, self.layout.head_dim
@@ -90,12 +99,16 @@ class BatchKV:
     def can_grow(self) -> bool:
         return self.length + 1 <= self.max_len
 
-    def rebuild(self, keep: Sequence[int], joining: Sequence[list[np.ndarray]]) -> list[int]:
+    def rebuild(self, keep: Sequence[int], joining: Sequence[list[np.ndarray]],
+                offsets: Sequence[int] | None = None) -> list[int]:
         """New layout: rows ``keep`` (old indices, in order) then one row per ``joining`` sequence.
 
-        ``joining[j]`` is a sequence's KV, ``2 * layers`` arrays [1, heads, n_j, dim]. Leading
-        columns padded in every row are dropped. Returns the new row index of each joining one.
+        ``joining[j]`` is a sequence's KV, ``2 * layers`` arrays [1, heads, n_j, dim], and
+        ``offsets[j]`` its position offset (default 0). Leading columns padded in every row are
+        dropped. Returns the new row index of each joining one.
         """
+        offsets = list(offsets) if offsets is not None else [0] * len(joining)
+        assert len(offsets) == len(joining), "one offset per joining sequence"
         old_lengths = [self.length - self.pads[r] for r in keep]
         new_lengths = old_lengths + [int(kv[0].shape[2]) for kv in joining]
         if len(new_lengths) > self.max_batch:
@@ -119,6 +132,7 @@ class BatchKV:
         self._current = side
         self.length = length
         self.pads = [length - n for n in new_lengths]
+        self.offsets = [self.offsets[r] for r in keep] + offsets
         return list(range(len(keep), len(new_lengths)))
 
     def row_kv(self, row: int) -> list[np.ndarray]:

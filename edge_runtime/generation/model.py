@@ -9,6 +9,17 @@
 Every request goes through the model's ``ContinuousBatcher`` (its own thread),
 so concurrent callers share decode steps. ``generate`` defaults to greedy
 decoding (``temperature=0``); the OpenAI routes default to OpenAI's 1.0.
+
+A vision-language folder (``generation.vision``) takes images too::
+
+    model.generate(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
+        {"type": "image", "image": pil_image_or_bytes_or_path},
+        {"type": "text", "text": "What is on the screen?"}]}])
+    model.generate(prompt="Describe it.", images=[Path("shot.png")])
+
+Images are decoded, preprocessed and encoded in ``prepare``, on the caller's
+thread (``stream`` runs it in a worker thread), before the request is queued.
 """
 
 from __future__ import annotations
@@ -19,12 +30,20 @@ import queue
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Sequence
 
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.prepared import PreparedPrompt, RequestTimings, request_timings
 from edge_runtime.generation.sampling import SamplingParams, TokenChoice
 from edge_runtime.generation.sequence import Chunk, Usage
 from edge_runtime.generation.settings import GenerationSettings
+
+if TYPE_CHECKING:
+    from edge_runtime.generation.vision.encoder import VisionLoader
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+__all__ = ["GenerationResult", "GenerativeModel", "PreparedPrompt", "RequestTimings", "load_generative",
+           "sampling_params"]
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +57,7 @@ class GenerationResult:
     logprobs: tuple[TokenChoice, ...] = ()
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class PreparedPrompt:
-    """A request's prompt as token ids (and the text they came from)."""
-
-    ids: list[int]
-    text: str
+    timings: RequestTimings | None = None
 
 
 @dataclass
@@ -84,7 +96,10 @@ class GenerativeModel:
     outputs: list[Any] = []
 
     def __init__(self, name: str, path: Path, settings: GenerationSettings | None = None, *,
-                 threads: int = 1) -> None:
+                 threads: int = 1, vision: "VisionSettings | None" = None,
+                 vision_loader: "VisionLoader | None" = None) -> None:
+        """``vision``: a VLM folder's ``[vision]`` settings; ``vision_loader``: how its vision encoder
+        is loaded (``Runtime.load``-like; default an ONNX Runtime CPU session)."""
         from edge_runtime.generation.batcher import ContinuousBatcher
         from edge_runtime.generation.chat import ChatTokenizer
         from edge_runtime.generation.engine import DecoderEngine
@@ -92,12 +107,16 @@ class GenerativeModel:
         from edge_runtime.generation.prefix_cache import PrefixCache
 
         from edge_runtime.generation.folder import is_genai_folder
+        from edge_runtime.generation.vision.folder import is_vlm_folder
 
         self.name = name
         self.path = Path(path)
         self.settings = settings or GenerationSettings()
         self.tokenizer = ChatTokenizer(self.path)
         self.engine = None
+        self.vlm = None  # a vision-language folder's description (VLMFolder)
+        self.prompter = None  # and what prepares its requests with images (VisionPrompter)
+        threads = self.settings.threads or threads
         if is_genai_folder(self.path):  # onnxruntime-genai owns model and KV: no prefix cache of ours
             from edge_runtime.generation.genai_engine import GenaiBatcher, read_genai_folder
 
@@ -108,10 +127,17 @@ class GenerativeModel:
         else:
             from edge_runtime.generation.footprint import kv_positions
 
-            self.folder = read_folder(self.path)
-            max_len = kv_positions(self.folder, self.settings)
-            self.engine = DecoderEngine(self.folder, threads=self.settings.threads or threads,
-                                        max_batch=self.settings.max_batch_size, max_len=max_len)
+            if is_vlm_folder(self.path):
+                from edge_runtime.generation.vision.loading import load_vision_parts
+
+                parts = load_vision_parts(self.path, self.settings, vision, self.tokenizer, threads=threads,
+                                          loader=vision_loader)
+                self.vlm, self.folder, self.engine = parts.folder, parts.folder.decoder, parts.engine
+                self.prompter = parts.prompter
+            else:
+                self.folder = read_folder(self.path)
+                self.engine = DecoderEngine(self.folder, threads=threads, max_batch=self.settings.max_batch_size,
+                                            max_len=kv_positions(self.folder, self.settings))
             self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
             self.batcher = ContinuousBatcher(self.engine, self.settings, self.prefix_cache,
                                              frozenset(self.folder.eos_token_ids), self.tokenizer.decode)
@@ -133,12 +159,28 @@ class GenerativeModel:
         """Bytes of the decode batch's preallocated KV buffers (0 on onnxruntime-genai, which owns its own)."""
         return self.engine.kv.nbytes if self.engine is not None else 0
 
+    @property
+    def is_multimodal(self) -> bool:
+        """Whether the model takes images (a vision-language folder)."""
+        return self.prompter is not None
+
     # -- requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | Sequence[int] | None = None,
-                messages: Sequence[Mapping[str, Any]] | None = None) -> PreparedPrompt:
-        """Token ids of a plain prompt (text or ids) or of chat messages rendered by the template."""
+                messages: Sequence[Mapping[str, Any]] | None = None,
+                images: Sequence[Any] | None = None) -> PreparedPrompt:
+        """Token ids of a plain prompt (text or ids) or of chat messages rendered by the template.
+
+        A VLM also takes image parts in ``messages`` and ``images`` beside a text ``prompt``, and
+        does all image work here (blocking). InvalidInputError for bad input, images to a model
+        that reads text only included.
+        """
         if (prompt is None) == (messages is None):
             raise InvalidInputError("give exactly one of 'prompt' and 'messages'")
+        if self.prompter is not None and (messages is not None or isinstance(prompt, str)):
+            return self._prepare_vision(prompt, messages, images)
+        if images:
+            raise InvalidInputError(f"{self.name} is not a multimodal model" if self.prompter is None
+                                    else "a token-id prompt cannot take images: give the prompt as text")
         if messages is not None:
             text = self.tokenizer.render(messages)
             return PreparedPrompt(self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids, text)
@@ -149,21 +191,48 @@ class GenerativeModel:
             raise InvalidInputError(f"a token-id prompt must hold integers in [0, {self.folder.vocab_size})")
         return PreparedPrompt(ids, self.tokenizer.decode(ids))
 
+    def _prepare_vision(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
+                        images: Sequence[Any] | None) -> PreparedPrompt:
+        from edge_runtime.generation.vision.messages import image_inputs, split_images
+
+        assert self.prompter is not None
+        inputs = image_inputs(images)
+        if messages is not None:
+            if inputs:
+                raise InvalidInputError("give images as image parts of 'messages', not as 'images'")
+            shaped, inputs = split_images(messages)
+            text = self.tokenizer.render(shaped, multimodal=True)
+            plain = False
+        else:
+            assert isinstance(prompt, str)
+            text, plain = prompt, True
+        if not inputs:
+            ids = (self.tokenizer.encode_prompt(text) if plain
+                   else self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids)
+            return PreparedPrompt(ids, text)
+        built = self.prompter.build(text, inputs, add_special_tokens=plain)
+        return PreparedPrompt(built.ids, built.text, built.inputs, built.cache_key, built.timings)
+
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:
         """Queue one request; ``sink(chunk)`` is called on the batcher thread. Returns a handle for ``cancel``."""
+        if prepared.inputs is not None or prepared.cache_key is not None:
+            return self.batcher.submit(prepared.ids, params, sink, inputs=prepared.inputs,
+                                       cache_key=prepared.cache_key)
         return self.batcher.submit(prepared.ids, params, sink)
 
     def cancel(self, handle: Any) -> None:
         self.batcher.cancel(handle)
 
     def generate(self, prompt: str | Sequence[int] | None = None, *,
-                 messages: Sequence[Mapping[str, Any]] | None = None, timeout_s: float | None = None,
-                 **params: Any) -> GenerationResult:
+                 messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
+                 timeout_s: float | None = None, **params: Any) -> GenerationResult:
         """Generate to the end; blocks. ``params``: SamplingParams fields (default greedy)."""
         params.setdefault("temperature", 0.0)
         chunks: "queue.Queue[Chunk]" = queue.Queue()
         started = time.perf_counter()
-        handle = self.submit(self.prepare(prompt, messages), sampling_params(**params), chunks.put)
+        prepared = self.prepare(prompt, messages, images)
+        submitted = time.perf_counter()
+        handle = self.submit(prepared, sampling_params(**params), chunks.put)
         collected = _Collected()
         first: float | None = None
         while True:
@@ -176,13 +245,21 @@ class GenerativeModel:
                 first = time.perf_counter() - started
             collected.add(chunk)
             if chunk.finish_reason is not None:
-                return self._result(collected, chunk, first, time.perf_counter() - started)
+                return self._result(collected, chunk, first, time.perf_counter() - started,
+                                    request_timings(prepared, handle, started, submitted))
 
     async def stream(self, prompt: str | Sequence[int] | None = None, *,
-                     messages: Sequence[Mapping[str, Any]] | None = None, **params: Any) -> AsyncIterator[Chunk]:
-        """Chunks as they are produced; leaving the loop early cancels the sequence."""
+                     messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
+                     **params: Any) -> AsyncIterator[Chunk]:
+        """Chunks as they are produced; leaving the loop early cancels the sequence. A VLM's image work
+        runs in a worker thread, off the event loop."""
         params.setdefault("temperature", 0.0)
-        async for chunk in self.stream_prepared(self.prepare(prompt, messages), sampling_params(**params)):
+        sampling = sampling_params(**params)
+        if self.prompter is not None:
+            prepared = await asyncio.to_thread(self.prepare, prompt, messages, images)
+        else:
+            prepared = self.prepare(prompt, messages, images)
+        async for chunk in self.stream_prepared(prepared, sampling):
             yield chunk
 
     async def stream_prepared(self, prepared: PreparedPrompt, params: SamplingParams) -> AsyncIterator[Chunk]:
@@ -203,11 +280,12 @@ class GenerativeModel:
                 self.cancel(handle)
 
     def iter_chunks(self, prompt: str | Sequence[int] | None = None, *,
-                    messages: Sequence[Mapping[str, Any]] | None = None, **params: Any) -> Iterator[Chunk]:
+                    messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
+                    **params: Any) -> Iterator[Chunk]:
         """Synchronous chunk iterator (the CLI's streaming)."""
         params.setdefault("temperature", 0.0)
         chunks: "queue.Queue[Chunk]" = queue.Queue()
-        handle = self.submit(self.prepare(prompt, messages), sampling_params(**params), chunks.put)
+        handle = self.submit(self.prepare(prompt, messages, images), sampling_params(**params), chunks.put)
         try:
             while True:
                 chunk = chunks.get()
@@ -219,20 +297,25 @@ class GenerativeModel:
                 self.cancel(handle)
 
     @staticmethod
-    def _result(collected: _Collected, last: Chunk, first: float | None, elapsed: float) -> GenerationResult:
+    def _result(collected: _Collected, last: Chunk, first: float | None, elapsed: float,
+                timings: RequestTimings | None = None) -> GenerationResult:
         if last.error is not None:
             raise last.error
         assert last.usage is not None and last.finish_reason is not None
         return GenerationResult("".join(collected.texts), last.finish_reason, last.usage, tuple(collected.ids),
-                                tuple(collected.logprobs), first, elapsed)
+                                tuple(collected.logprobs), first, elapsed, timings)
 
     def close(self) -> None:
         self.batcher.close(10.0)
+        if self.prompter is not None:
+            self.prompter.encoder.close()
 
 
 def load_generative(path: Path, name: str | None = None, settings: GenerationSettings | None = None,
-                    threads: int = 1) -> GenerativeModel:
-    """Load a generative folder (``optimum`` layout, or onnxruntime-genai's with the ``genai`` extra);
-    raises ModelLoadError saying what is wrong."""
+                    threads: int = 1, *, vision: "VisionSettings | None" = None,
+                    vision_loader: "VisionLoader | None" = None) -> GenerativeModel:
+    """Load a generative folder (``optimum`` layout, a vision-language model in the transformers.js
+    layout, or onnxruntime-genai's with the ``genai`` extra); raises ModelLoadError saying what is wrong."""
     path = Path(path)
-    return GenerativeModel(name or path.name, path, settings, threads=threads)
+    return GenerativeModel(name or path.name, path, settings, threads=threads, vision=vision,
+                           vision_loader=vision_loader)

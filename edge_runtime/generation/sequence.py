@@ -5,6 +5,12 @@ A ``Sequence`` moves ``queued`` → ``prefill`` (chunk by chunk) → ``running``
 incremental detokenizer and the stop matcher; the resulting ``Chunk`` goes to
 the request's ``sink`` (called on the batcher's thread; it must not block).
 The last chunk carries ``finish_reason`` and ``usage``.
+
+A vision-language request also carries its precomputed decoder inputs
+(``inputs``: the prompt's embeddings with the image features spliced in, and
+its positions) and its prefix-cache key (``cache_key``: the prompt's ids with
+each image token replaced by an id derived from its image's content, so two
+different images never share cached KV).
 """
 
 from __future__ import annotations
@@ -72,11 +78,23 @@ class Sequence:
     past: list[np.ndarray] | None = None  # KV while prefilling
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    inputs: Any = None  # the engine's precomputed prompt inputs (vision.engine.EmbeddedPrompt); dropped after prefill
+    cache_key: list[int] | None = None  # prefix-cache key of the prompt; None: the prompt itself
+    prefill_started_s: float | None = None  # first prefill chunk began (after any queueing)
+    prefill_done_s: float | None = None  # last prefill chunk ended
+
+    @property
+    def key(self) -> list[int]:
+        """The prompt as the prefix cache knows it."""
+        return self.cache_key if self.cache_key is not None else self.prompt
 
     def __post_init__(self) -> None:
         self.sampler = Sampler(self.params)
         self.detokenizer = IncrementalDetokenizer(self.decode)
         self.stops = StopMatcher(self.params.stop)
+        # Decode position minus cache index: an M-RoPE prompt's rope_delta (0 for text). Kept apart
+        # from ``inputs``, which the batcher drops once the prompt is prefilled.
+        self.position_offset = int(getattr(self.inputs, "rope_delta", 0))
 
     @property
     def reserved_tokens(self) -> int:

@@ -70,6 +70,7 @@ class GenerationWarmupReport:
     runs: int = 0
     prefill_ms: float = 0.0  # first run
     decode_ms: float = 0.0  # first run, all its decode steps
+    vision_ms: float = 0.0  # a vision-language model: one small image preprocessed and encoded
     errors: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -81,7 +82,8 @@ class GenerationWarmupReport:
         return {"done": ran, "first_run_ms": {PLAN: [round(self.prefill_ms + self.decode_ms, 3)]} if ran else {},
                 "shapes": [{"prompt_tokens": self.prompt_tokens, "decode_steps": self.decode_steps}] if ran else [],
                 "errors": dict(self.errors), "runs": self.runs, "prefill_ms": round(self.prefill_ms, 3),
-                "decode_ms": round(self.decode_ms, 3)}
+                "decode_ms": round(self.decode_ms, 3), **({"vision_ms": round(self.vision_ms, 3)}
+                                                          if self.vision_ms else {})}
 
 
 def warm_up_generative(model: "GenerativeModel", config: GenerationWarmupConfig) -> GenerationWarmupReport:
@@ -100,14 +102,17 @@ def warm_up_generative(model: "GenerativeModel", config: GenerationWarmupConfig)
     vocab = model.folder.vocab_size
     tokens = [(7 * i + 1) % vocab for i in range(prompt_tokens)]  # any ids inside the vocabulary
     first: tuple[float, float] | None = None
+    vision_ms = 0.0
     try:
         for _ in range(config.runs):
             times = batcher.warm_up(tokens, decode_steps)
             first = first or times
+        if model.prompter is not None:  # a VLM's vision encoder: first-run costs out of the first request
+            vision_ms = model.prompter.warm_up()
     except Exception as exc:  # onnxruntime raises its own types; valid inputs failing means a broken model
         raise ModelLoadError(f"model {model.name!r}: warm-up generation ({prompt_tokens} prompt tokens, "
                              f"{decode_steps} decode steps) failed: {type(exc).__name__}: {exc}") from exc
     assert first is not None
     log.info("warm-up: %s prefill of %d tokens %.1f ms, %d decode steps %.1f ms", model.name, prompt_tokens,
              first[0], decode_steps, first[1])
-    return GenerationWarmupReport(prompt_tokens, decode_steps, config.runs, first[0], first[1])
+    return GenerationWarmupReport(prompt_tokens, decode_steps, config.runs, first[0], first[1], vision_ms=vision_ms)

@@ -79,6 +79,9 @@ def test_demo_table_compares_every_backend_with_onnxruntime(tmp_path: Path) -> N
     assert (tmp_path / "models").is_dir(), "the demo model is built locally and cached"
     generation = report["generation"]  # the decoder is built without torch, like the CNN
     assert generation["decode_tokens_per_s"] > 0 and generation["prompt_tokens"] > 0
+    vision = report["vision"]  # a tiny VLM, also built without torch: one screenshot step
+    assert 0 < vision["image_tokens"] < vision["prompt_tokens"]
+    assert vision["timings_ms"]["vision_encode_ms"] > 0 and vision["timings_ms"]["first_token_ms"] > 0
 
 
 @pytest.mark.parametrize("argv", [["run"], ["bogus"], ["run", "m.onnx", "--input", "no-equals-sign"]])

@@ -141,7 +141,8 @@ def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(qwen_folder:
     engine = model.engine
     calls: list[tuple[str, int]] = []
     prefill, decode = engine.prefill, engine.decode
-    engine.prefill = lambda tokens, past: (calls.append(("prefill", len(tokens))), prefill(tokens, past))[1]
+    engine.prefill = lambda tokens, past, inputs=None: (calls.append(("prefill", len(tokens))),
+                                                        prefill(tokens, past, inputs))[1]
     engine.decode = lambda tokens: (calls.append(("decode", len(tokens))), decode(tokens))[1]
     started = threading.Event()
     params = sampling_params(max_tokens=200, ignore_eos=True, temperature=0.0)  # outlives the long prefill

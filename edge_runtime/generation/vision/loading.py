@@ -1,0 +1,57 @@
+"""Load a VLM folder's parts for ``GenerativeModel``: decoder engine, token embedder, vision encoder, prompter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edge_runtime.generation.vision.engine import EmbeddingDecoderEngine
+from edge_runtime.generation.vision.folder import VLMFolder, read_vlm_folder
+from edge_runtime.generation.vision.prompt import VisionPrompter
+from edge_runtime.generation.vision.settings import VisionSettings
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from edge_runtime.generation.chat import ChatTokenizer
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.encoder import VisionLoader
+
+
+@dataclass(frozen=True)
+class VisionParts:
+    folder: VLMFolder
+    engine: EmbeddingDecoderEngine
+    prompter: VisionPrompter
+
+
+def load_vision_parts(path: Path, settings: "GenerationSettings", vision: VisionSettings | None,
+                      tokenizer: "ChatTokenizer", *, threads: int,
+                      loader: "VisionLoader | None" = None) -> VisionParts:
+    """Read the folder and load its three graphs; the vision encoder through ``loader`` (``Runtime.load``
+    with ``vision.plan``) when given. Raises ModelLoadError / ModelNotFoundError."""
+    from edge_runtime.generation.footprint import kv_positions
+    from edge_runtime.generation.vision.embeddings import TokenEmbedder
+    from edge_runtime.generation.vision.encoder import VisionEncoder
+    from edge_runtime.generation.vision.preprocess import image_processor
+
+    vision = vision or VisionSettings()
+    vlm = read_vlm_folder(path, vision)
+    processor = image_processor(vlm.path, vlm.config, vision.budget)
+    embedder = TokenEmbedder(vlm.embed_path, vlm.embeds_dtype, threads=threads)
+    engine = EmbeddingDecoderEngine(vlm, embedder, threads=threads, max_batch=settings.max_batch_size,
+                                    max_len=kv_positions(vlm.decoder, settings))
+    typical = processor.process(typical_screenshot(), "typical image").feeds if loader is not None else None
+    encoder = VisionEncoder(vlm.vision_path, vlm.hidden_size, loader=loader, plan=vision.plan, typical=typical,
+                            threads=threads)
+    prompter = VisionPrompter(vlm, tokenizer, processor, encoder, embedder, vision.access, vision.max_images)
+    return VisionParts(vlm, engine, prompter)
+
+
+def typical_screenshot() -> "Image.Image":
+    """A blank phone screenshot (1080x2400): preprocessed under the model's budget, its feeds have the
+    shapes a planner should cost the vision encoder at."""
+    from PIL import Image
+
+    return Image.new("RGB", (1080, 2400), (128, 128, 128))

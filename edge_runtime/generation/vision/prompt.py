@@ -1,0 +1,152 @@
+"""A prompt with images → the decoder inputs of one sequence, built before it is queued.
+
+``VisionPrompter.build`` runs on the caller's thread (the HTTP side calls it
+through ``asyncio.to_thread``), so decoding, preprocessing and encoding a
+screenshot never run on the batcher's thread and never stall running streams:
+
+1. decode and preprocess each image (``preprocess.prepare_image``: RGB, the
+   encoder's feeds, the image's token count and content digest);
+2. expand each image placeholder of the rendered text into the image's tokens
+   and tokenise;
+3. encode each image (``VisionEncoder``), embed the prompt's tokens
+   (``TokenEmbedder``) and splice the features in at the image tokens;
+4. M-RoPE positions and ``rope_delta`` for the Qwen families;
+5. the prefix-cache key: the prompt ids with each image's tokens replaced by
+   a negative id derived from the image's digest (real ids are never
+   negative), so two different images never share cached KV past their first
+   image token while the text before them still matches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.vision.engine import EmbeddedPrompt
+from edge_runtime.generation.vision.positions import mrope_positions
+from edge_runtime.generation.vision.splice import splice_image_features
+
+if TYPE_CHECKING:
+    from edge_runtime.generation.chat import ChatTokenizer
+    from edge_runtime.generation.vision.embeddings import TokenEmbedder
+    from edge_runtime.generation.vision.encoder import VisionEncoder
+    from edge_runtime.generation.vision.folder import VLMFolder
+    from edge_runtime.generation.vision.images import ImageAccess
+    from edge_runtime.generation.vision.messages import ImageInput
+    from edge_runtime.generation.vision.preprocess import ImageProcessor
+
+
+@dataclass(frozen=True)
+class ImageTimings:
+    """Where a request's image work went, before it was queued."""
+
+    images: int = 0
+    image_tokens: int = 0
+    decode_ms: float = 0.0  # reading and decoding the images
+    preprocess_ms: float = 0.0  # resizing, normalising, patching
+    encode_ms: float = 0.0  # the vision encoder, embedding and splice
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"images": self.images, "image_tokens": self.image_tokens, "image_decode_ms": round(self.decode_ms, 3),
+                "image_preprocess_ms": round(self.preprocess_ms, 3), "vision_encode_ms": round(self.encode_ms, 3)}
+
+
+@dataclass(frozen=True)
+class VisionPrompt:
+    ids: list[int]
+    text: str  # the prompt text with each image's tokens written out
+    inputs: EmbeddedPrompt
+    cache_key: list[int]
+    timings: ImageTimings
+
+
+def image_key_id(digest: bytes) -> int:
+    """The prefix-cache id standing for every token of the image with content ``digest``: negative,
+    so it never equals a vocabulary id, and equal only for equal digests (62 bits of them)."""
+    return -1 - (int.from_bytes(digest[:8], "big") >> 2)
+
+
+class VisionPrompter:
+    """Builds ``VisionPrompt``s for one VLM; thread-safe (its parts are)."""
+
+    def __init__(self, vlm: "VLMFolder", tokenizer: "ChatTokenizer", processor: "ImageProcessor",
+                 encoder: "VisionEncoder", embedder: "TokenEmbedder", access: "ImageAccess", max_images: int) -> None:
+        self.vlm = vlm
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.encoder = encoder
+        self.embedder = embedder
+        self.access = access
+        self.max_images = max_images
+        marker = processor.placeholder
+        if vlm.mrope:  # the Qwen templates wrap each image's placeholder in vision start/end tokens
+            end = vlm.config.get("vision_end_token_id")
+            marker = (tokenizer.token_text(vlm.vision_start_token_id) + marker
+                      + (tokenizer.token_text(end) if isinstance(end, int) else ""))
+        self.image_marker = marker  # what one image is in a plain prompt without placeholders
+
+    def warm_up(self) -> float:
+        """Preprocess and encode one small blank image (the encoder's first-run allocations happen
+        here, not in a request); returns the milliseconds it took."""
+        from PIL import Image
+
+        started = time.perf_counter()
+        processed = self.processor.process(Image.new("RGB", (56, 56), (128, 128, 128)), "warm-up image")
+        self.encoder.encode(processed.feeds, processed.num_tokens)
+        return (time.perf_counter() - started) * 1e3
+
+    def build(self, text: str, images: Sequence["ImageInput"], *, add_special_tokens: bool) -> VisionPrompt:
+        """Decoder inputs of ``text`` (rendered by the chat template, or a plain prompt) with ``images``.
+
+        A plain prompt (``add_special_tokens``) without any placeholder gets one image marker per
+        image in front. Raises InvalidInputError (too many images, a bad image naming its part,
+        placeholders and images that do not pair up).
+        """
+        from edge_runtime.generation.vision.images import image_from_url
+        from edge_runtime.generation.vision.preprocess import prepare_image
+
+        if len(images) > self.max_images:
+            raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
+        if add_special_tokens and self.processor.placeholder not in text:
+            text = self.image_marker * len(images) + text
+        placeholders = text.count(self.processor.placeholder)
+        if placeholders != len(images):  # checked before any image is decoded (expand checks it too)
+            raise InvalidInputError(f"the prompt has {placeholders} image placeholder(s) "
+                                    f"{self.processor.placeholder!r} but {len(images)} image(s) were given")
+        prepared, fetch_s = [], 0.0
+        for image in images:
+            started = time.perf_counter()
+            source = image_from_url(image.source, image.where, self.access) if image.is_url else image.source
+            fetch_s += time.perf_counter() - started
+            prepared.append(prepare_image(source, image.where, self.access, self.processor))
+        expanded = self.processor.expand(text, [p.processed for p in prepared])
+        ids = self.tokenizer.tokenizer.encode(expanded, add_special_tokens=add_special_tokens).ids
+        started = time.perf_counter()
+        features = [self.encoder.encode(p.processed.feeds, p.processed.num_tokens) for p in prepared]
+        rows = np.concatenate(features) if features else np.zeros((0, self.vlm.hidden_size), np.float32)
+        embeds = splice_image_features(ids, self.embedder.embed(ids), rows,
+                                       image_token_id=self.vlm.image_token_id)
+        positions, delta = None, 0
+        if self.vlm.mrope:
+            grids = [p.processed.grid_thw for p in prepared]
+            if any(g is None for g in grids):
+                raise InvalidInputError("an M-RoPE model's preprocessor gave no image grid")
+            assert self.vlm.vision_start_token_id is not None
+            positions, delta = mrope_positions(ids, grids, image_token_id=self.vlm.image_token_id,
+                                               vision_start_token_id=self.vlm.vision_start_token_id,
+                                               spatial_merge_size=self.vlm.spatial_merge_size)
+        encoded = time.perf_counter()
+        key, image_tokens = list(ids), 0
+        at = [i for i, token in enumerate(ids) if token == self.vlm.image_token_id]
+        for p in prepared:  # the splice checked that the counts add up
+            mark = image_key_id(p.digest)
+            for i in at[image_tokens:image_tokens + p.processed.num_tokens]:
+                key[i] = mark
+            image_tokens += p.processed.num_tokens
+        timings = ImageTimings(len(prepared), image_tokens, (fetch_s + sum(p.decode_s for p in prepared)) * 1e3,
+                               sum(p.preprocess_s for p in prepared) * 1e3, (encoded - started) * 1e3)
+        return VisionPrompt(ids, expanded, EmbeddedPrompt(embeds, positions, delta), key, timings)
