@@ -44,8 +44,12 @@ def read_genai_folder(folder: Path) -> DecoderFolder:
         decoder = config["decoder"]
         eos = config.get("eos_token_id", [])
         model_path = folder / decoder.get("filename", "model.onnx")
-        # genai's exports keep weights beside the graph as "<filename>.data": every file named after it
-        weights = tuple(sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith(model_path.name)))
+        # genai's exports keep weights beside the graph as "<filename>.data": every file named after it,
+        # for each graph (a VLM's vision and embedding graphs too)
+        graphs = [model_path.name] + [part["filename"] for part in config.values()
+                                      if isinstance(part, dict) and isinstance(part.get("filename"), str)]
+        weights = tuple(sorted({p for p in folder.iterdir() if p.is_file()
+                                and any(p.name.startswith(name) for name in graphs)}))
         return DecoderFolder(folder, model_path,
                              KVLayout(int(decoder["num_hidden_layers"]), int(decoder["num_key_value_heads"]),
                                       int(decoder["head_size"]), np.float32),

@@ -16,7 +16,9 @@ template, tokeniser, sampling) plus image input handling:
    those ids replace the processor's own ``input_ids`` in the named tensors the generator takes.
 
 Families: genai's Qwen-VL types (``qwen2_5_vl``, ``qwen3_vl``, ``fara``...), whose prompts mark
-each image as ``<|vision_start|><|image_pad|><|vision_end|>``. The ``[vision]`` image budget
+each image as ``<|vision_start|><|image_pad|><|vision_end|>``; other genai VLM types (``phi3v``,
+``gemma3``, ``mistral3``) load as text models, with a warning. Only ``qwen2_5_vl`` is tested
+(``genai_vlm_folder`` builds one). The ``[vision]`` image budget
 (``max_pixels``...) does not apply: the folder's ``processor_config.json`` decides the size.
 Known difference (onnxruntime-genai 0.18): its smart resize rounds a side of exactly k+0.5
 patches of 28 px up where transformers rounds half to even (a 70-px side: 3 patches vs 2).
@@ -25,6 +27,7 @@ patches of 28 px up where transformers rounds half to even (a 70-px side: 3 patc
 from __future__ import annotations
 
 import io
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
     from edge_runtime.generation.vision.messages import ImageInput
     from edge_runtime.generation.vision.prompt import ImageTimings
     from edge_runtime.generation.vision.settings import VisionSettings
+
+log = logging.getLogger(__name__)
 
 # genai 0.18's ModelType::IsQwenVLFamily: 3-D M-RoPE positions, <|vision_start|>-marked images
 QWEN_VL_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara")
@@ -154,8 +159,13 @@ class GenaiVisionPrompter:
 
 def genai_prompter(batcher: Any, model_type: str, tokenizer: "ChatTokenizer",
                    vision: "VisionSettings | None") -> GenaiVisionPrompter | None:
-    """The prompter of a genai VLM folder (``batcher``: its ``GenaiBatcher``), None for a text folder."""
+    """The prompter of a genai VLM folder (``batcher``: its ``GenaiBatcher``), None for a text folder
+    and for a VLM type whose prompts we cannot build (it then serves text only, and says so)."""
     if batcher.vision is None:
+        return None
+    if model_type not in QWEN_VL_TYPES:
+        log.warning("onnxruntime-genai VLM type %r: images are handled for %s only; serving it as a text model",
+                    model_type, list(QWEN_VL_TYPES))
         return None
     return GenaiVisionPrompter(batcher.og, batcher.model, model_type, tokenizer,
                                int(batcher.vision.get("spatial_merge_size", 2)), vision)

@@ -171,3 +171,33 @@ def test_embedding_graph_splices_in_order_and_takes_no_features(folders) -> None
     np.testing.assert_array_equal(
         splice.run(None, {"input_ids": text, "image_features": np.zeros((0, hidden), np.float32)})[0],
         embed.run(None, {"input_ids": text})[0])
+
+
+def test_the_footprint_counts_all_three_graphs(folders) -> None:
+    from edge_runtime.generation.genai_engine import read_genai_folder
+
+    _, genai = folders
+    names = {p.name for p in read_genai_folder(genai).weight_files}
+    assert {"vision.onnx", "embedding.onnx", "decoder_model_merged.onnx", "decoder_model_merged.onnx_data"} <= names
+
+
+def test_a_genai_vlm_type_we_cannot_prompt_serves_text_only(folders, tmp_path: Path, caplog) -> None:
+    import json
+    import shutil
+
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+
+    _, genai = folders
+    folder = Path(shutil.copytree(genai, tmp_path / "other"))
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["type"] = "gemma3"  # a genai VLM type whose image prompts genai_vision does not build
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING"):
+        model = GenerativeModel("other", folder, GenerationSettings(max_seq_len=256), threads=1)
+    try:
+        assert not model.is_multimodal and "serving it as a text model" in caplog.text
+        with pytest.raises(InvalidInputError, match="other is not a multimodal model"):
+            model.generate("look", images=[_image(1, 56, 56)], max_tokens=2)
+    finally:
+        model.close()
