@@ -201,3 +201,21 @@ def test_a_genai_vlm_type_we_cannot_prompt_serves_text_only(folders, tmp_path: P
             model.generate("look", images=[_image(1, 56, 56)], max_tokens=2)
     finally:
         model.close()
+
+
+def test_streamed_image_request_equals_non_streamed(models) -> None:
+    import asyncio
+
+    genai, _ = models
+    messages = _messages(_image(5, 140, 84))
+
+    async def streamed() -> tuple[str, list[int]]:
+        text, ids = [], []
+        async for chunk in genai.stream(messages=messages, max_tokens=STEPS, ignore_eos=True):
+            text.append(chunk.text)
+            ids.extend(chunk.token_ids)
+        return "".join(text), ids
+
+    text, ids = asyncio.run(streamed())
+    whole = genai.generate(messages=messages, max_tokens=STEPS, ignore_eos=True)
+    assert (text, ids) == (whole.text, list(whole.token_ids))
