@@ -8,6 +8,11 @@ read the logits, choose, append the token. ``GenaiBatcher`` has the
 ``ContinuousBatcher`` interface but runs one sequence at a time (genai's
 batching is static: a batch starts and ends together), so concurrent requests
 queue. ``genai_config_for`` describes an ``optimum`` folder in genai's format.
+
+A VLM folder (``genai_config.json`` with a ``model.vision`` section) runs the same way,
+except that each prompt goes in through ``generator.set_inputs``: the named tensors
+``genai_vision.GenaiVisionPrompter`` built (images, grids, our prompt ids), or just the
+ids for a text-only prompt (genai's multimodal pipeline always takes that route).
 """
 
 from __future__ import annotations
@@ -39,8 +44,12 @@ def read_genai_folder(folder: Path) -> DecoderFolder:
         decoder = config["decoder"]
         eos = config.get("eos_token_id", [])
         model_path = folder / decoder.get("filename", "model.onnx")
-        # genai's exports keep weights beside the graph as "<filename>.data": every file named after it
-        weights = tuple(sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith(model_path.name)))
+        # genai's exports keep weights beside the graph as "<filename>.data": every file named after it,
+        # for each graph (a VLM's vision and embedding graphs too)
+        graphs = [model_path.name] + [part["filename"] for part in config.values()
+                                      if isinstance(part, dict) and isinstance(part.get("filename"), str)]
+        weights = tuple(sorted({p for p in folder.iterdir() if p.is_file()
+                                and any(p.name.startswith(name) for name in graphs)}))
         return DecoderFolder(folder, model_path,
                              KVLayout(int(decoder["num_hidden_layers"]), int(decoder["num_key_value_heads"]),
                                       int(decoder["head_size"]), np.float32),
@@ -76,16 +85,20 @@ class GenaiBatcher:
     """Runs sequences through onnxruntime-genai one at a time on its own thread."""
 
     def __init__(self, folder: DecoderFolder, settings: GenerationSettings, decode: Callable) -> None:
+        from edge_runtime.generation.genai_vision import genai_vision_section
+
         try:
             import onnxruntime_genai as og
         except ImportError as exc:
             raise ModelLoadError(f"{folder.path} is an onnxruntime-genai folder; install the 'genai' extra "
                                  f"(pip install onnxruntime-genai): {exc}") from None
-        self._og = og
+        self.og = self._og = og
         try:
             self.model = og.Model(str(folder.path))
         except Exception as exc:  # genai raises RuntimeError for every load problem
             raise ModelLoadError(f"{folder.path}: onnxruntime-genai cannot load it ({exc})") from None
+        config = json.loads((folder.path / GENAI_CONFIG).read_text(encoding="utf-8"))
+        self.vision = genai_vision_section(config)  # a VLM: prompts go in through set_inputs
         self.settings = settings
         self.eos = frozenset(folder.eos_token_ids)
         self._decode = decode
@@ -98,7 +111,10 @@ class GenaiBatcher:
         self._generated = self._prefill = self._steps = 0
         self._thread = threading.Thread(target=self._loop, name="edge-runtime-genai", daemon=True)
 
-    def submit(self, prompt: list[int], params: SamplingParams, sink: Sink) -> Sequence:
+    def submit(self, prompt: list[int], params: SamplingParams, sink: Sink, *, inputs: Any = None,
+               cache_key: list[int] | None = None) -> Sequence:
+        """Queue one prompt; ``inputs``: a VLM prompt's named tensors (``genai_vision``);
+        ``cache_key`` is ignored (genai keeps no prefix cache of ours)."""
         if not prompt or len(prompt) >= self.max_len:
             raise InvalidInputError(f"the prompt is {len(prompt)} tokens; this model's context is {self.max_len} "
                                     "tokens (the prompt must leave room for at least one new token)")
@@ -107,6 +123,7 @@ class GenaiBatcher:
             raise InvalidInputError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
                                     f"exceeds this model's context of {self.max_len} tokens")
         sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink)
+        sequence.inputs = inputs
         with self._wake:
             if self._stopping or len(self._queue) >= self.settings.max_queue:
                 raise QueueFullError(f"generation queue full: {len(self._queue)} requests waiting "
@@ -165,7 +182,13 @@ class GenaiBatcher:
         params = og.GeneratorParams(self.model)
         params.set_search_options(max_length=len(sequence.prompt) + sequence.max_new, do_sample=False)
         generator = og.Generator(self.model, params)
-        generator.append_tokens(np.asarray([sequence.prompt], np.int32))
+        if self.vision is not None:
+            named = sequence.inputs if sequence.inputs is not None else og.NamedTensors()
+            named["input_ids"] = np.asarray([sequence.prompt], np.int32)
+            sequence.inputs = None  # pixel buffers are not needed past the prefill
+            generator.set_inputs(named)  # vision, embedding (splice) and the prompt's prefill
+        else:
+            generator.append_tokens(np.asarray([sequence.prompt], np.int32))
         self._prefill += len(sequence.prompt)
         while True:
             if sequence.cancelled.is_set():

@@ -124,6 +124,10 @@ class GenerativeModel:
             self.folder = read_genai_folder(self.path)
             self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, 0)
             self.batcher = GenaiBatcher(self.folder, self.settings, self.tokenizer.decode)
+            # -- onnxruntime-genai VLM (a "vision" section): images through genai's processor (genai_vision) --
+            from edge_runtime.generation.genai_vision import genai_prompter
+
+            self.prompter = genai_prompter(self.batcher, self.folder.model_type, self.tokenizer, vision)
         else:
             from edge_runtime.generation.footprint import kv_positions
 
