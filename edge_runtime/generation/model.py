@@ -115,6 +115,9 @@ class GenerativeModel:
         self.tokenizer = ChatTokenizer(self.path)
         self.engine = None
         self.vlm = None  # a vision-language folder's description (VLMFolder)
+        from edge_runtime.generation.vision.stats import VisionStats
+
+        self.vision_stats = VisionStats()  # image work of the requests (``/metrics``)
         self.prompter = None  # and what prepares its requests with images (VisionPrompter)
         threads = self.settings.threads or threads
         if is_genai_folder(self.path):  # onnxruntime-genai owns model and KV: no prefix cache of ours
@@ -215,6 +218,9 @@ class GenerativeModel:
                    else self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids)
             return PreparedPrompt(ids, text)
         built = self.prompter.build(text, inputs, add_special_tokens=plain)
+        if built.timings is not None:
+            t = built.timings
+            self.vision_stats.record(t.images, t.image_tokens, (t.decode_ms + t.preprocess_ms) / 1e3, t.encode_ms / 1e3)
         return PreparedPrompt(built.ids, built.text, built.inputs, built.cache_key, built.timings)
 
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:

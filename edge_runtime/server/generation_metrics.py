@@ -9,13 +9,16 @@
 | edge_runtime_generation_sequences{model,state} | sequences queued, prefilling, running now |
 | edge_runtime_generation_tokens_total{model,kind} | tokens generated (``decode``) and prompt tokens run (``prefill``) |
 | edge_runtime_generation_kv_cache_bytes{model} | the decode batch's preallocated KV buffers (charged to the memory budget with the prefix cache's budget) |
+| edge_runtime_image_preprocess_seconds{model} | histogram: a request's image decode + preprocess time (vision-language models) |
+| edge_runtime_vision_encode_seconds{model} | histogram: a request's vision-encoder time (encode, embed, splice) |
+| edge_runtime_images_total{model}, edge_runtime_image_tokens_total{model} | images read, and the prompt tokens they became |
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 if TYPE_CHECKING:
     from edge_runtime.serving.repository import ModelRepository
@@ -43,7 +46,22 @@ class GenerationCollector:
                                      labels=("model", "kind"))
         kv = GaugeMetricFamily("edge_runtime_generation_kv_cache_bytes", "Bytes of the preallocated KV buffers",
                                labels=("model",))
+        preprocess = HistogramMetricFamily("edge_runtime_image_preprocess_seconds",
+                                           "Image decode + preprocess time per request", labels=("model",))
+        encode = HistogramMetricFamily("edge_runtime_vision_encode_seconds", "Vision encoder time per request",
+                                       labels=("model",))
+        images = CounterMetricFamily("edge_runtime_images", "Images read by the model", labels=("model",))
+        image_tokens = CounterMetricFamily("edge_runtime_image_tokens", "Prompt tokens the images became",
+                                           labels=("model",))
         for name, model in sorted(models.items()):
+            stats = getattr(model, "vision_stats", None)
+            if stats is not None and model.is_multimodal:
+                pre, enc, count, tokens_of_images = stats.snapshot()
+                for family, snap in ((preprocess, pre), (encode, enc)):
+                    family.add_metric([name], [(_bound(b), c) for b, c in snap.buckets], snap.total_s)
+                images.add_metric([name], count)
+                image_tokens.add_metric([name], tokens_of_images)
+
             cache = model.prefix_cache.stats()
             for key, value in (("lookups", cache.lookups), ("hits", cache.hits), ("saved_tokens", cache.hit_tokens),
                                ("evicted_blocks", cache.evicted_blocks)):
@@ -57,4 +75,9 @@ class GenerationCollector:
             tokens.add_metric([name, "decode"], batch.tokens_generated)
             tokens.add_metric([name, "prefill"], batch.prefill_tokens)
             kv.add_metric([name], model.kv_cache_bytes)
-        yield from (*counters.values(), *gauges.values(), sequences, tokens, kv)
+        yield from (*counters.values(), *gauges.values(), sequences, tokens, kv, preprocess, encode, images,
+                    image_tokens)
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(value)

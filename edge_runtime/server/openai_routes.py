@@ -11,6 +11,7 @@ with the status of the server's one error table. ``"async": true`` answers
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -105,13 +106,24 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
     if parsed.wants_async and parsed.stream:
         raise InvalidInputError("'async' and 'stream' cannot be combined")
     answer = _Answer(parsed, loaded)
-    if parsed.images and not getattr(loaded.model, "multimodal", False):
+    multimodal = getattr(loaded.model, "is_multimodal", False)
+    if parsed.images and not multimodal:
         if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
             raise InvalidInputError(f"{parsed.model} is not a multimodal model")
         prepared_text = ""
         chunks = loaded.dispatcher.stream_remote(parsed.params, parsed)  # busy from here, as below
+    elif multimodal:
+        # A VLM decodes, preprocesses and encodes the images in prepare: up to seconds of work that must
+        # not block the event loop, with the model held busy (not unloadable) from before it starts.
+        release = loaded.dispatcher.hold()
+        try:
+            prepared = await asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages)
+        except BaseException:
+            release()
+            raise
+        prepared_text = prepared.text
+        chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
     else:
-        _check_image_count(loaded.model, parsed)
         prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
         prepared_text = prepared.text
         chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
@@ -136,12 +148,6 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         await chunks.aclose()
     return web.Response(text=dumps(answer.whole(prepared_text, collected)), content_type="application/json")
 
-
-def _check_image_count(model: Any, parsed: OpenAIRequest) -> None:
-    """vLLM's limit message, so clients that handle vLLM's handle ours."""
-    limit = getattr(model, "max_images", None)
-    if parsed.images and limit is not None and len(parsed.images) > limit:
-        raise InvalidInputError(f"At most {limit} image(s) may be provided in one prompt.")
 
 
 def _submit_task(request: web.Request, loaded: Any, answer: _Answer, chunks: AsyncIterator[Any],

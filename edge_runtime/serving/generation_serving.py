@@ -121,14 +121,19 @@ class GenerationDispatcher:
         release = self.budget.hold(self.name) if self.budget is not None else _nothing
         return BusyStream(self.router.stream_remote(params, request), release)
 
-    def stream(self, prepared: "PreparedPrompt", params: "SamplingParams", request: Any = None) -> BusyStream:
+    def stream(self, prepared: "PreparedPrompt", params: "SamplingParams", request: Any = None,
+               release: Callable[[], None] | None = None) -> BusyStream:
         """Chunks of one request; ``request`` (the parsed OpenAI request) lets the router forward it.
 
         The model is busy for the memory budget from this call until the stream ends or is
         closed: close it (``aclose``) when not reading it to the end.
         """
-        release = self.budget.hold(self.name) if self.budget is not None else _nothing
-        return BusyStream(self._chunks(prepared, params, request), release)
+        return BusyStream(self._chunks(prepared, params, request), self.hold() if release is None else release)
+
+    def hold(self) -> Callable[[], None]:
+        """Mark the model busy for the memory budget now; returns the (idempotent) release. For work
+        that must keep the model loaded before its stream exists (a VLM prepares images first)."""
+        return self.budget.hold(self.name) if self.budget is not None else _nothing
 
     async def _chunks(self, prepared: "PreparedPrompt", params: "SamplingParams",
                       request: Any) -> AsyncIterator["Chunk"]:
@@ -148,8 +153,11 @@ def planned_charge(name: str, folder: Path, config: "ModelConfig", footprint_fac
     """The budget parts (``weights``, ``kv_cache``, ``prefix_cache``) loading ``folder`` will take."""
     from edge_runtime.generation.footprint import planned_footprint
 
-    settings = generation_settings(config.extra, f"model {name!r} config")
-    return planned_footprint(folder, settings, footprint_factor).parts()
+    from edge_runtime.generation.vision.settings import vision_settings
+
+    where = f"model {name!r} config"
+    settings = generation_settings(config.extra, where)
+    return planned_footprint(folder, settings, footprint_factor, vision_settings(config.extra, where)).parts()
 
 
 def generative_version(name: str, version: int, folder: Path, config: "ModelConfig", serving: "ServingConfig",
@@ -170,7 +178,11 @@ def generative_version(name: str, version: int, folder: Path, config: "ModelConf
     settings = generation_settings(config.extra, where)
     cloud = model_cloud_config(config.extra, where)
     warmup = generation_warmup_config(config.extra.get("warmup"), where)
-    model = load_generative(folder, name, settings, threads=runtime.threads)
+    from edge_runtime.generation.vision.settings import vision_settings
+
+    vision = vision_settings(config.extra, where)
+    model = load_generative(folder, name, settings, threads=runtime.threads, vision=vision,
+                            vision_loader=runtime.load_vision_encoder)
     router = None
     try:
         extras = VersionExtras(warm_up_generative(model, warmup), None)  # before it serves: ready means warm

@@ -1,0 +1,212 @@
+"""Screenshots over the OpenAI chat API: a tiny random-weight Qwen2-VL folder served by the daemon.
+
+The embedded API of the same model is the oracle (its own engine tests hold it against a no-cache
+recompute); the clients are the official ``openai`` package (sync, async, streaming) and raw HTTP.
+A text-only edge model with ``[cloud]`` forwards an image request to a second edge-runtime process
+serving the VLM, and streams its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import shutil
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from cloud_peer import ServerProcess
+from generation_fixtures import LiveServer, base_url
+
+TOKEN = "vlm-peer-token"
+
+
+def _png(seed: int, width: int = 112, height: int = 84) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _messages(url: str, text: str = "What should I tap?") -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "You are a phone agent. Answer with the next action."},
+            {"role": "user", "content": [{"type": "text", "text": text},
+                                         {"type": "image_url", "image_url": {"url": url, "detail": "high"}}]}]
+
+
+@pytest.fixture(scope="module")
+def vlm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    return write_vlm_folder(tmp_path_factory.mktemp("vlm"), "qwen2_vl", seed=1)
+
+
+@pytest.fixture(scope="module")
+def server(vlm_folder: Path, qwen_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.config import ServerConfig
+    from edge_runtime.serving.repository import ModelRepository
+
+    root = tmp_path_factory.mktemp("vlm-repository")
+    shutil.copytree(vlm_folder, root / "agent" / "1")
+    (root / "agent" / "config.toml").write_text('[vision]\nmax_images = 2\nplan = "cpu"\n')
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False,
+                                    intra_op_threads=1))
+    app = create_app(ServerConfig(), ModelRepository(root, runtime, drain_timeout_s=5.0))
+    live = LiveServer(app).start()
+    yield live
+    live.stop()
+    runtime.close()
+
+
+def _model(server: LiveServer) -> Any:
+    from edge_runtime.server.state import STATE
+
+    return server.app[STATE].repository.get("agent").model
+
+
+def _client(url: str, token: str = "unused") -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=120)
+
+
+def test_chat_with_a_screenshot_equals_the_embedded_api(server: LiveServer) -> None:
+    messages = _messages(_url(_png(1)))
+    expected = _model(server).generate(messages=messages, max_tokens=12)
+    client = _client(base_url(server))
+    whole = client.chat.completions.create(model="agent", messages=messages, max_tokens=12, temperature=0)
+    assert whole.choices[0].message.content == expected.text
+    assert whole.usage.prompt_tokens == expected.usage.prompt_tokens  # image tokens counted in both
+    assert whole.usage.prompt_tokens > len(_model(server).prepare(messages=[messages[0]]).ids) + 1
+    stream = client.chat.completions.create(model="agent", messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[-1].usage.completion_tokens == expected.usage.completion_tokens
+
+
+def test_async_clients_mixing_images_and_text_get_their_own_answers(server: LiveServer) -> None:
+    import openai
+
+    requests = [_messages(_url(_png(2))), [{"role": "user", "content": "tap the home button"}],
+                _messages(_url(_png(3)), "Where is the search box?")]
+
+    async def main() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0, timeout=120)
+        try:
+            answers = await asyncio.gather(*(client.chat.completions.create(
+                model="agent", messages=m, max_tokens=10, temperature=0) for m in requests))
+        finally:
+            await client.close()
+        return [a.choices[0].message.content for a in answers]
+
+    texts = asyncio.run(main())
+    model = _model(server)
+    assert texts == [model.generate(messages=m, max_tokens=10).text for m in requests]
+
+
+def test_metrics_count_the_image_work(server: LiveServer) -> None:
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(base_url(server) + "/metrics") as response:
+            text = response.read().decode()
+        wanted = ("edge_runtime_image_preprocess_seconds_count", "edge_runtime_vision_encode_seconds_sum",
+                  "edge_runtime_image_tokens_total", "edge_runtime_images_total")
+        return {name: float(line.split()[-1]) for line in text.splitlines() for name in wanted
+                if line.startswith(name + '{model="agent"}')}
+
+    before = scrape()
+    messages = _messages(_url(_png(4)))
+    prepared = _model(server).prepare(messages=messages)  # the image tokens this request will cost
+    _client(base_url(server)).chat.completions.create(model="agent", messages=messages, max_tokens=2,
+                                                      temperature=0)
+    after = scrape()
+    assert after["edge_runtime_images_total"] - before.get("edge_runtime_images_total", 0) == 1
+    assert after["edge_runtime_image_tokens_total"] - before.get("edge_runtime_image_tokens_total", 0) \
+        == prepared.image_timings.image_tokens
+    assert after["edge_runtime_image_preprocess_seconds_count"] > before.get(
+        "edge_runtime_image_preprocess_seconds_count", 0)
+    assert after["edge_runtime_vision_encode_seconds_sum"] > before.get("edge_runtime_vision_encode_seconds_sum", 0)
+
+
+def test_bad_images_get_named_400s_and_the_model_keeps_answering(server: LiveServer) -> None:
+    import openai
+
+    client = _client(base_url(server))
+    png = _png(5)
+    truncated = _url(png[: len(png) // 2])
+    gif = "data:image/gif;base64," + base64.b64encode(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;").decode()
+    cases = [
+        ("data:image/png;base64,@@not base64@@", "messages[1].content[1]"),
+        ("data:image/png;base64," + base64.b64encode(b"hello, not an image").decode(), "messages[1].content[1]"),
+        (truncated, "messages[1].content[1]"),
+        (gif, "messages[1].content[1]"),
+        ("http://127.0.0.1:9/shot.png", "messages[1].content[1]"),  # nothing is fetched unless allow-listed
+        ("file:///etc/passwd", "messages[1].content[1]"),
+    ]
+    for url, where in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="agent", messages=_messages(url), max_tokens=2)
+        assert where in caught.value.body["message"], (url[:40], caught.value.body)
+    three = _messages(_url(png))
+    three[1]["content"] += [three[1]["content"][1], three[1]["content"][1]]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="agent", messages=three, max_tokens=2)
+    assert "At most 2 image(s) may be provided in one prompt." in caught.value.body["message"]
+    ok = client.chat.completions.create(model="agent", messages=_messages(_url(png)), max_tokens=3, temperature=0)
+    assert ok.choices[0].message.content == _model(server).generate(messages=_messages(_url(png)), max_tokens=3).text
+
+
+@pytest.fixture(scope="module")
+def vlm_peer(tmp_path_factory: pytest.TempPathFactory, vlm_folder: Path) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("vlm-peer-repository")
+    shutil.copytree(vlm_folder, root / "agent" / "1")
+    (root / "agent" / "config.toml").write_text('[vision]\nplan = "cpu"\n')
+    server = ServerProcess.start(root, tmp_path_factory.mktemp("vlm-peer-logs") / "peer.log",
+                                 env={"EDGE_RUNTIME_TOKEN": TOKEN}, timeout_s=180)
+    yield server
+    server.stop()
+
+
+def test_a_text_only_model_forwards_a_screenshot_to_its_vlm_cloud_peer(
+        vlm_peer: ServerProcess, qwen_folder: Path, vlm_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from edge_runtime.cloud.config import CloudConfig
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.config import ServerConfig
+    from edge_runtime.serving.repository import ModelRepository
+
+    root = tmp_path_factory.mktemp("edge-text-repository")
+    shutil.copytree(qwen_folder, root / "chat" / "1")
+    (root / "chat" / "config.toml").write_text('[cloud]\nmode = "fallback"\nremote_model = "agent"\n')
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False,
+                                    intra_op_threads=1))
+    cloud = CloudConfig(url=vlm_peer.url, token=TOKEN, timeout_ms=120000, breaker_failures=5)
+    live = LiveServer(create_app(ServerConfig(), ModelRepository(root, runtime, cloud=cloud,
+                                                                 drain_timeout_s=5.0))).start()
+    oracle = GenerativeModel("oracle", vlm_folder)
+    try:
+        messages = _messages(_url(_png(6)))
+        expected = oracle.generate(messages=messages, max_tokens=10)
+        stream = _client(base_url(live)).chat.completions.create(model="chat", messages=messages, max_tokens=10,
+                                                                 temperature=0, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == expected.text  # the peer read the screenshot: its answer is the VLM's, image included
+    finally:
+        oracle.close()
+        live.stop()
+        runtime.close()
