@@ -96,7 +96,7 @@ class ModelConfig:
 
 _SECTIONS = {"scheduler": SchedulerConfig, "batching": BatchingConfig, "queue": QueueConfig}
 # Tables other features own and check themselves (kept in ``extra``); add a feature's table here.
-OTHER_SECTIONS = ("cloud", "serving", "generation", "warmup", "result_cache", "shape_buckets")
+OTHER_SECTIONS = ("cloud", "serving", "generation", "vision", "warmup", "result_cache", "shape_buckets")
 # [generation]: edge_runtime.generation.settings; [warmup], [result_cache], [shape_buckets]: edge_runtime.load_extras
 
 

@@ -71,6 +71,10 @@ def model_file(version_dir: Path) -> Path:
     for file_name in MODEL_FILES:
         if (version_dir / file_name).is_file():
             return version_dir / file_name
+    from edge_runtime.generation.folder import is_generative_folder
+
+    if is_generative_folder(version_dir):  # a VLM folder keeps its graphs under onnx/: the folder is the model
+        return version_dir / "config.json"
     raise ModelLoadError(f"{version_dir}: no {' or '.join(MODEL_FILES)}")
 
 

@@ -127,9 +127,9 @@ def test_metrics_count_the_image_work(server: LiveServer) -> None:
         return {name: float(line.split()[-1]) for line in text.splitlines() for name in wanted
                 if line.startswith(name + '{model="agent"}')}
 
-    before = scrape()
     messages = _messages(_url(_png(4)))
-    prepared = _model(server).prepare(messages=messages)  # the image tokens this request will cost
+    prepared = _model(server).prepare(messages=messages)  # the image tokens this request will cost (counted too)
+    before = scrape()
     _client(base_url(server)).chat.completions.create(model="agent", messages=messages, max_tokens=2,
                                                       temperature=0)
     after = scrape()
