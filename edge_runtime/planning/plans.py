@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from backends.base import Backend, CompileOptions, Executable, backend_nodes_of, claimed_indices
-from backends.errors import BackendError, BackendUnavailableError, ModelLoadError
+from backends.errors import BackendError, BackendUnavailableError, ModelLoadError, UnsupportedNodesError
 from backends.onnx_graph import graph_inputs, graph_outputs, node_label, tensor_specs
 from edge_runtime.planning import partitioner
 from edge_runtime.planning.cost import BackendSpeed, bound_input_shapes, bound_tensor_specs, node_cost, tensor_bytes
@@ -171,8 +171,12 @@ class Planner:
             if stage.backend == self.host:
                 raise
             contracted = isinstance(exc, (BackendError, BackendUnavailableError, ModelLoadError))
-            log.warning("plan %s: stage %d does not compile on %s (%s: %s); it runs on %s", plan, k,
-                        stage.backend, type(exc).__name__, exc, self.host, exc_info=not contracted)
+            # A backend declining nodes of the extracted stage (a node it claimed in the whole graph, e.g.
+            # one that folds only with an input this stage does not have) is the designed fallback, kept
+            # in the stage's note: INFO. Any other compile failure is a fault worth a WARNING.
+            level = logging.INFO if isinstance(exc, UnsupportedNodesError) else logging.WARNING
+            log.log(level, "plan %s: stage %d does not compile on %s (%s: %s); it runs on %s", plan, k,
+                    stage.backend, type(exc).__name__, exc, self.host, exc_info=not contracted)
             note = f"{stage.backend}: {type(exc).__name__}: {exc}"
             stage = _on(stage, self.host)
             executable = self.backends[self.host].compile(sub, options)
