@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from backends.base import CompileOptions
 from backends.descriptors import descriptor
 from edge_runtime.planning.calibration import read_entries, write_entry
-from edge_runtime.plan_race import PlanDecision, RaceEntry, race_in_process
+from edge_runtime.plan_race import OVER_BUDGET, PlanDecision, RaceEntry, race_in_process
 
 if TYPE_CHECKING:
     import onnx
@@ -104,7 +104,7 @@ def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", option
                             f"race failed: {exc}")
     log.info("plan choice for %s: %s (%s, %.2f s)", path, decision.winner, decision.where,
              time.perf_counter() - started)
-    if cache is not None:
+    if cache is not None and not any(e.note.startswith(OVER_BUDGET) for e in decision.entries):
         write_entry(cache, key, {**decision.to_dict(), "measured_at": time.time()})
     return decision
 
@@ -190,6 +190,11 @@ def main() -> int:
         log.exception("plan race failed")
         answer = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+    import threading
+
+    if any(t.name == "plan-race-compile" and t.is_alive() for t in threading.enumerate()):
+        os._exit(0)  # a compile over budget is still in a driver call: the verdict is out, do not wait for it
     return 0
 
 

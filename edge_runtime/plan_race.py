@@ -9,8 +9,8 @@ compiled and run on seeded feeds at the served input shape, interleaved, best
 of rounds (``engine_choice.race_runners``), within ``RACE_BUDGET_S``; the
 fastest measured wins, a plan off the host only by ``HOST_PREFERENCE``.
 
-A candidate that cannot compile or run at that shape drops out, said in its
-entry and at DEBUG (a synthetic shape a model rejects is not a fault). The
+A candidate that cannot compile within ``COMPILE_BUDGET_S`` or run at that
+shape drops out, said in its entry and at DEBUG (a synthetic shape a model rejects is not a fault). The
 served shape is the caller's ``input_shapes``, else the static dims, else the
 first of ``DEFAULT_SIDES`` the model takes on ONNX Runtime.
 
@@ -42,6 +42,10 @@ PRUNE_RATIO = 3.0
 HOST_PREFERENCE = 1.05
 """A plan off the host wins only when measured this much faster than ``cpu``: within noise, the host
 keeps the model (no GPU driver mapped, no copies, no kernel builds at start)."""
+COMPILE_BUDGET_S = 30.0
+"""A candidate whose compile takes longer drops out of this race (a first kernel build of a large model
+on a slow device takes minutes; loading must not wait for it). The verdict is then not cached, so a
+later start, with the driver's kernel cache warmer, races it again."""
 CANDIDATE_MARGIN = 1.3
 """Candidates measured within this factor of the winner stay compiled for live plan switching."""
 DEFAULT_SIDES = (64, 224, 48, 320)
@@ -133,7 +137,7 @@ def served_shapes(model: "onnx.ModelProto", input_shapes: Mapping[str, Sequence[
 
 def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions,
                     input_shapes: Mapping[str, Sequence[int]] | None, *,
-                    budget_s: float = RACE_BUDGET_S) -> PlanDecision:
+                    budget_s: float = RACE_BUDGET_S, compile_budget_s: float | None = None) -> PlanDecision:
     """Estimate, prune, compile and time the candidate plans of ``auto`` in this process (see the
     module doc). Raises EdgeRuntimeError only when the host itself cannot run the model."""
     from edge_runtime.engine_choice import seeded_feeds
@@ -149,12 +153,14 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
         shapes, how = served_shapes(model, input_shapes, lambda s: host_exec.run(seeded_feeds(model, s)))
     finally:
         host_exec.close()
-    with _experiment_logging():
-        return _race(runtime, model, options, shapes, how, budget_s)
+    racing = {threading.get_ident()}
+    with _experiment_logging(racing):
+        return _race(runtime, model, options, shapes, how, budget_s,
+                     COMPILE_BUDGET_S if compile_budget_s is None else compile_budget_s, racing)
 
 
 def _race(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions, shapes: dict[str, tuple[int, ...]],
-          how: str, budget_s: float) -> PlanDecision:
+          how: str, budget_s: float, compile_budget_s: float, racing: set[int]) -> PlanDecision:
     from edge_runtime.engine_choice import race_runners, seeded_feeds
 
     feeds = seeded_feeds(model, shapes)
@@ -166,7 +172,11 @@ def _race(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions,
             if entry.note:
                 continue
             try:
-                executable = build()
+                executable = _compile_within(build, compile_budget_s, racing)
+            except CompileOverBudget as exc:
+                entries[entry.name] = replace(entry, note=str(exc))
+                log.info("plan race: %s %s; it races again at a later start", entry.name, exc)
+                continue
             except Exception as exc:  # a candidate that cannot compile drops out; the race goes on
                 entries[entry.name] = replace(entry, note=f"does not compile: {type(exc).__name__}: {exc}")
                 log.debug("plan race: %s does not compile: %s", entry.name, exc)
@@ -196,17 +206,56 @@ def _race(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions,
     return PlanDecision(best.name, best.kind, shapes, tuple(entries.values()), reason)
 
 
+class CompileOverBudget(EdgeRuntimeError):
+    """A candidate's compile outlasted ``COMPILE_BUDGET_S``."""
+
+
+OVER_BUDGET = "compile over budget"
+"""The start of an over-budget candidate's note (``plan_choice`` does not cache such a verdict)."""
+
+
+def _compile_within(build: Callable[[], Any], budget_s: float, racing: set[int]) -> Any:
+    """``build()`` in a daemon thread, waited for ``budget_s``. A compile that outlasts it is left to
+    finish on its own and close what it built (a driver call cannot be interrupted); its thread joins
+    ``racing`` so its WARNINGs are demoted like the race's own."""
+    finished = threading.Event()
+    lock = threading.Lock()
+    state: dict[str, Any] = {"abandoned": False}
+
+    def work() -> None:
+        racing.add(threading.get_ident())
+        try:
+            value, error = build(), None
+        except BaseException as exc:  # handed to the waiting thread below
+            value, error = None, exc
+        with lock:
+            state["value"], state["error"] = value, error
+            late = state["abandoned"]
+        finished.set()
+        if late and value is not None:
+            value.close()
+
+    threading.Thread(target=work, name="plan-race-compile", daemon=True).start()
+    finished.wait(budget_s)
+    with lock:
+        if "error" not in state:  # still compiling: it closes its own result when it ends
+            state["abandoned"] = True
+            raise CompileOverBudget(f"{OVER_BUDGET}: not built within {budget_s:g} s")
+    if state["error"] is not None:
+        raise state["error"]
+    return state["value"]
+
+
 _EXPERIMENT_LOGGERS = ("edge_runtime.planning.plans", "edge_runtime.planning.executor")
 
 
 @contextlib.contextmanager
-def _experiment_logging() -> Iterator[None]:
-    """While this thread races: a stage that does not compile or run on the accelerator is a race
-    entry, not a fault, so the planner's and executor's WARNINGs from this thread become DEBUG."""
-    me = threading.get_ident()
+def _experiment_logging(racing: set[int]) -> Iterator[None]:
+    """While the ``racing`` threads race: a stage that does not compile or run on the accelerator is a
+    race entry, not a fault, so the planner's and executor's WARNINGs from them become DEBUG."""
 
     def demote(record: logging.LogRecord) -> bool:
-        if record.thread == me and record.levelno == logging.WARNING:
+        if record.thread in racing and record.levelno == logging.WARNING:
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         return True

@@ -141,3 +141,39 @@ def test_a_shape_the_model_rejects_is_skipped_quietly(caplog) -> None:
     assert any("rejected" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert np.isfinite(executable.run(seeded_feeds(proto, shapes))["y"]).all()
+
+
+def test_a_candidate_that_compiles_past_the_budget_drops_out_and_is_raced_again_later(
+        tmp_path, monkeypatch, model_path) -> None:
+    """A first kernel build can take minutes on a phone: loading must not wait for it. The candidate
+    drops out with its reason, the host serves, the verdict is not cached, and what the late compile
+    built is closed by its own thread."""
+    import threading
+
+    from edge_runtime import plan_race
+    from edge_runtime.plan_choice import CACHE_FILE
+
+    rt, slow = lying_runtime(tmp_path / "cache", monkeypatch)
+    release, closed = threading.Event(), threading.Event()
+    real_compile = slow.compile
+
+    def stalled_compile(model, options):
+        release.wait(30)  # held until the race has given up on it
+        executable = real_compile(model, options)
+        real_close = executable.close
+        executable.close = lambda: (real_close(), closed.set())
+        return executable
+
+    monkeypatch.setattr(slow, "compile", stalled_compile)
+    monkeypatch.setattr(plan_race, "COMPILE_BUDGET_S", 0.5)
+    model = rt.load(model_path, input_shapes={"x": (8, 4, 8, 8)})
+    decision = model.report.decision
+    assert decision.winner == "cpu" and model.backend == "cpu"
+    stalled = [e for e in decision.entries if e.note.startswith(plan_race.OVER_BUDGET)]
+    assert stalled and all(e.measured_ms is None for e in stalled), decision.entries
+    assert not (tmp_path / "cache" / CACHE_FILE).exists() or \
+        not json.loads((tmp_path / "cache" / CACHE_FILE).read_text()), "a verdict missing a candidate is not kept"
+    release.set()
+    assert closed.wait(30), "the late compile's executable was not closed"
+    assert slow.runs == 0, "an over-budget candidate is never timed"
+    rt.close()
