@@ -228,13 +228,22 @@ def build_decoder(shape: DecoderShape, weights: dict[str, np.ndarray], *, inputs
     return _Decoder(shape, weights, inputs_embeds, mrope_section).build()
 
 
-def decoder_folder_from_hf(hf_folder: Path, out: Path) -> Path:
+def _graph(shape: DecoderShape, weights: dict[str, np.ndarray], fused: bool) -> onnx.ModelProto:
+    if fused:
+        from edge_runtime.decoder_fused import build_fused_decoder
+
+        return build_fused_decoder(shape, weights)
+    return build_decoder(shape, weights)
+
+
+def decoder_folder_from_hf(hf_folder: Path, out: Path, *, fused: bool = False) -> Path:
     """Our graph for a Hugging Face Qwen2/Llama folder (``config.json`` + ``model.safetensors``), no torch.
 
     The leaner alternative to an ``optimum`` export (about half the nodes once ONNX Runtime has
     optimised both: no shape subgraphs, grouped-query attention without repeated K/V), written
     with the same inputs and outputs. Needs the ``safetensors`` package. Tokenizer and
-    generation files are copied.
+    generation files are copied. ``fused``: the ``decoder_fused`` graph (GroupQueryAttention, KV
+    appended in place) instead of the plain-ONNX one.
     """
     import shutil
 
@@ -254,7 +263,7 @@ def decoder_folder_from_hf(hf_folder: Path, out: Path) -> Path:
     if config.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)
     out.mkdir(parents=True, exist_ok=True)
-    onnx.save(build_decoder(shape, weights), str(out / "model.onnx"), save_as_external_data=True,
+    onnx.save(_graph(shape, weights, fused), str(out / "model.onnx"), save_as_external_data=True,
               location="model.onnx.data")
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "chat_template.jinja", "special_tokens_map.json"):
@@ -263,17 +272,19 @@ def decoder_folder_from_hf(hf_folder: Path, out: Path) -> Path:
     return out
 
 
-def write_decoder_folder(folder: Path, shape: DecoderShape, seed: int = 0, std: float = 0.2) -> Path:
+def write_decoder_folder(folder: Path, shape: DecoderShape, seed: int = 0, std: float = 0.2, *,
+                         fused: bool = False) -> Path:
     """A complete optimum-layout folder with random weights and a locally trained tokenizer.
 
     ``std`` as in ``random_weights``: 0.2 keeps greedy output varied; about 0.02 (Hugging Face's
-    initialiser) gives activations and logits of a trained model's scale, for quantization drift."""
+    initialiser) gives activations and logits of a trained model's scale, for quantization drift.
+    ``fused`` as in ``decoder_folder_from_hf``."""
     from edge_runtime.tokenizer_zoo import write_tokenizer_files
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     bos, eos = write_tokenizer_files(folder, shape.vocab, "qwen2", seed=seed, max_positions=shape.max_positions)
-    onnx.save(build_decoder(shape, random_weights(shape, seed, std)), str(folder / "model.onnx"))
+    onnx.save(_graph(shape, random_weights(shape, seed, std), fused), str(folder / "model.onnx"))
     config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": shape.vocab,
               "hidden_size": shape.hidden, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
               "num_key_value_heads": shape.kv_heads, "intermediate_size": shape.intermediate,

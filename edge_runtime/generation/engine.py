@@ -3,7 +3,9 @@
 ``prefill`` runs one sequence's prompt chunk on top of its past (numpy arrays,
 at most one chunk per call, so a scheduler can interleave it with decode
 steps); ``decode`` runs one token for every row of the running batch through
-IO binding over ``BatchKV``'s preallocated buffers. The engine is synchronous
+IO binding over preallocated KV buffers: ``kv_inplace.InPlaceKV`` (past and present
+the same memory) for a GroupQueryAttention graph, ``kv_cache.BatchKV`` (ping-pong)
+for one that concatenates. The engine is synchronous
 and single-threaded: one caller (the batcher's loop) owns it.
 """
 
@@ -15,8 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.generation import kv_cache, kv_inplace
 from edge_runtime.generation.folder import DecoderFolder
-from edge_runtime.generation.kv_cache import BatchKV
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,12 @@ def decode_rows(folder: DecoderFolder, max_batch: int) -> int:
     positions, and without a ``position_ids`` input the graph derives them from the past length,
     which is wrong for a padded row. Such a model decodes one stream at a time."""
     return max_batch if folder.has_position_ids else 1
+
+
+def kv_buffer_bytes(folder: DecoderFolder, max_batch: int, max_len: int) -> int:
+    """Bytes of the KV buffers the engine allocates for ``folder`` (before allocating them)."""
+    module = kv_inplace if folder.kv_in_place else kv_cache
+    return module.buffer_bytes(folder.kv, max_batch, max_len)
 
 
 class DecoderEngine:
@@ -53,7 +61,10 @@ class DecoderEngine:
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ModelLoadError(f"{folder.model_path}: onnxruntime cannot load it ({exc})") from None
         self.past_names, self.present_names = kv_names(folder.kv.layers)
-        self.kv = BatchKV(folder.kv, max_batch, max_len)
+        # A GroupQueryAttention graph appends in place into one buffer (past and present bound to the
+        # same memory); a graph that concatenates needs the two-buffer ping-pong.
+        kv_type = kv_inplace.InPlaceKV if folder.kv_in_place else kv_cache.BatchKV
+        self.kv: kv_cache.BatchKV | kv_inplace.InPlaceKV = kv_type(folder.kv, max_batch, max_len)
         self._binding = self.session.io_binding()
         self._logits = np.zeros(max_batch * folder.vocab_size, np.float32)
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")

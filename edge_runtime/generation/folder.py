@@ -70,6 +70,7 @@ class DecoderFolder:
     has_position_ids: bool
     model_type: str
     weight_files: tuple[Path, ...] = ()  # model.onnx and its external-data files (the memory budget's weights)
+    kv_in_place: bool = False  # the graph attends with GroupQueryAttention: one KV buffer, appended in place
 
     @property
     def weight_bytes(self) -> int:
@@ -154,6 +155,8 @@ def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], gen
     context = int(config.get("max_position_embeddings") or read_json(folder / "tokenizer_config.json").get(
         "model_max_length") or 2048)
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+    from edge_runtime.decoder_fused import is_fused_graph
+
     return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),
                          int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")),
-                         weight_files(model_path, proto))
+                         weight_files(model_path, proto), is_fused_graph(proto))
