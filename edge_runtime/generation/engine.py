@@ -70,6 +70,7 @@ class DecoderEngine:
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self._logits_fp16 = logits_type == "tensor(float16)"
         self.runs = 0
+        self._bound_rows: int | None = None  # rows whose KV/logits bindings are still in place (see decode)
 
     def empty_past(self) -> list[np.ndarray]:
         layout = self.folder.kv
@@ -116,12 +117,28 @@ class DecoderEngine:
         rows = kv.rows
         assert len(tokens) == rows and rows > 0, "one token per batch row"
         binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
+        # In place, the KV and logits bindings depend on the row count only (the same OrtValues every
+        # step): keep them and rebind just the small inputs. Ping-pong swaps buffers every step.
+        kept = self._bound_rows == rows
+        if not kept:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
         for name, value in self._step_inputs(tokens).items():
-            binding.bind_cpu_input(name, value)
+            binding.bind_cpu_input(name, value)  # NOTE: binding a bound name again replaces it
         binding.bind_cpu_input("attention_mask", kv.attention_mask())
-        past, present = kv.bindings()
+        if not kept:
+            self._bind_outputs(rows)
+        self.session.run_with_iobinding(binding)
+        self.runs += 1
+        kv.advance()
+        if self._logits_fp16:
+            return binding.copy_outputs_to_cpu()[-1][:, -1].astype(np.float32)
+        return self._logits[:rows * self.folder.vocab_size].reshape(rows, self.folder.vocab_size)
+
+    def _bind_outputs(self, rows: int) -> None:
+        """Bind past, present and logits for ``rows`` rows; note them as kept when they stay valid."""
+        binding = self._binding
+        past, present = self.kv.bindings()
         for name, value in zip(self.past_names, past):
             binding.bind_ortvalue_input(name, value)
         for name, value in zip(self.present_names, present):
@@ -133,9 +150,5 @@ class DecoderEngine:
 
             logits = self._logits[:rows * self.folder.vocab_size].reshape(rows, 1, self.folder.vocab_size)
             binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
-        self.session.run_with_iobinding(binding)
-        self.runs += 1
-        kv.advance()
-        if self._logits_fp16:
-            return binding.copy_outputs_to_cpu()[-1][:, -1].astype(np.float32)
-        return self._logits[:rows * self.folder.vocab_size].reshape(rows, self.folder.vocab_size)
+        in_place = isinstance(self.kv, kv_inplace.InPlaceKV)
+        self._bound_rows = rows if in_place and not self._logits_fp16 else None
