@@ -136,6 +136,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 32 new tokens (a smoke run)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    parser.add_argument("--single-only", action="store_true",
+                        help="only the interleaved single-stream rounds (no streams, no prefix cache): more rounds "
+                             "in the same time on a noisy machine")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate")
     parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "edge-runtime" / "bench-models")
     parser.add_argument("--genai-python", default=GENAI_PYTHON)
@@ -197,6 +200,8 @@ def main() -> int:
     for round_index in range(rounds):
         for name in order[round_index % len(order):] + order[:round_index % len(order)]:  # rotate who goes first
             single[name].append(runners[name]())
+        if args.single_only:
+            continue
         for count in streams:
             streams[count].append(ours_streams(model, stream_prompts[:count], new))
         for count in fused_streams:
@@ -206,8 +211,9 @@ def main() -> int:
     # Shared 1,000-token prefix: uncached = a fresh prefix each time; cached = the same prefix again.
     cached_ms, uncached_ms = [], []
     shared = [int(t) for t in rng.integers(10, SPEC.vocab, prefix_tokens)]
-    model.generate(shared + [11, 12, 13], max_tokens=1)  # fill the cache once
-    for trial in range(trials):
+    if not args.single_only:
+        model.generate(shared + [11, 12, 13], max_tokens=1)  # fill the cache once
+    for trial in range(0 if args.single_only else trials):
         fresh = [int(t) for t in rng.integers(10, SPEC.vocab, prefix_tokens)]
         suffix = [int(t) for t in rng.integers(10, SPEC.vocab, 16)]
         uncached_ms.append(model.generate(fresh + suffix, max_tokens=1).time_to_first_token_s * 1e3)
@@ -231,11 +237,11 @@ def main() -> int:
         "single_stream": {name: {"ttft_ms_best": round(best([r["ttft_ms"] for r in rows], high=False), 2),
                                  "decode_tokens_per_s_best": round(best([r["decode_tokens_per_s"] for r in rows]), 1)}
                           for name, rows in single.items() if rows},
-        "aggregate_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in streams.items()},
-        "aggregate_fused_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in fused_streams.items()},
+        "aggregate_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in streams.items() if v},
+        "aggregate_fused_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in fused_streams.items() if v},
         "genai_static_batch8_tokens_per_s_best": round(best(genai_batch8), 1) if genai_batch8 else None,
         "prefix_ttft_ms_best": {"uncached": round(min(uncached_ms), 2), "cached": round(min(cached_ms), 2),
-                                "prefix_tokens": prefix_tokens},
+                                "prefix_tokens": prefix_tokens} if cached_ms else None,
     }
     s = summary["single_stream"]
     summary["ratios"] = {
@@ -248,9 +254,9 @@ def main() -> int:
         "decode_fused_vs_own_graph_ctx1024": _ratio(s, "edge-runtime-own-graph-ctx1024", "edge-runtime-fused-ctx1024"),
         "decode_fused_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-fused", "edge-runtime-fused-ctx1024"),
         "decode_own_graph_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-own-graph", "edge-runtime-own-graph-ctx1024"),
-        "fused_streams8_vs_streams1": round(best(fused_streams[8]) / best(fused_streams[1]), 2),
-        "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2),
-        "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3),
+        "fused_streams8_vs_streams1": round(best(fused_streams[8]) / best(fused_streams[1]), 2) if streams[8] else None,
+        "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2) if streams[8] else None,
+        "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3) if cached_ms else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_generate.json").write_text(json.dumps(summary, indent=2))
@@ -293,7 +299,7 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
                                        if summary["genai_static_batch8_tokens_per_s_best"] else [])
     axes[1].bar(labels, values, color="tab:green")
     axes[1].set_title("aggregate tokens/s (edge-runtime continuous batching)")
-    prefix = summary["prefix_ttft_ms_best"]
+    prefix = summary["prefix_ttft_ms_best"] or {"uncached": 0, "cached": 0, "prefix_tokens": 0}
     axes[2].bar(["uncached", "cached"], [prefix["uncached"], prefix["cached"]], color="tab:orange")
     axes[2].set_title(f"TTFT ms, {prefix['prefix_tokens']}-token shared prefix")
     for axis in axes:

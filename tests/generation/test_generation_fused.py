@@ -72,8 +72,12 @@ def test_unfused_graph_stays_selectable_and_generates_the_same(fused_folder: Pat
     assert not plain.folder.kv_in_place and type(plain.engine.kv).__name__ == "BatchKV"
     assert plain.generate(messages=MESSAGES, max_tokens=16).token_ids == \
         fused.generate(messages=MESSAGES, max_tokens=16).token_ids
-    # one buffer per layer tensor instead of two
+    # one buffer per layer tensor instead of two, and the memory budget plans what the load allocates
     assert fused.kv_cache_bytes * 2 == plain.kv_cache_bytes
+    from edge_runtime.generation.footprint import planned_footprint
+
+    for model in (plain, fused):
+        assert planned_footprint(model.folder.path, model.settings, 1.0).kv_cache_bytes == model.kv_cache_bytes
 
 
 def test_a_decode_step_appends_in_place_without_copying_the_cache(fused_folder: Path, model_factory) -> None:
