@@ -32,6 +32,7 @@ from onnx import TensorProto, helper
 from edge_runtime.decoder_zoo import DecoderShape, _Decoder
 
 MS = "com.microsoft"
+HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's CPU GroupQueryAttention refuses other head sizes at run time
 FUSED_OPS = frozenset({"GroupQueryAttention"})  # a graph holding one of these wants the in-place KV layout
 
 
@@ -114,9 +115,21 @@ class _FusedDecoder(_Decoder):
         return model
 
 
+def unfusable(shape: DecoderShape) -> str | None:
+    """Why ONNX Runtime cannot run the fused graph of ``shape`` (one line), or None when it can."""
+    if shape.head_dim % HEAD_DIM_MULTIPLE:
+        return (f"head_dim {shape.head_dim} is not a multiple of {HEAD_DIM_MULTIPLE} "
+                "(ONNX Runtime's GroupQueryAttention needs one)")
+    return None
+
+
 def build_fused_decoder(shape: DecoderShape, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The fused decoder graph (see the module docstring) for Hugging Face-named Qwen2/Llama ``weights``;
-    ValueError when the weights have biases on some but not all of q/k/v."""
+    ValueError when ``unfusable(shape)`` says why not, or when the weights have biases on some but not
+    all of q/k/v."""
+    reason = unfusable(shape)
+    if reason is not None:
+        raise ValueError(f"no fused decoder for this shape: {reason}")
     return _FusedDecoder(shape, weights).build()
 
 

@@ -120,3 +120,15 @@ def test_in_place_layout_moves_rows_and_hands_back_their_kv() -> None:
             np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="exceeds the cache"):
         kv.rebuild([0], [[np.zeros((1, 2, 9, 3), np.float32)] * 2])
+
+
+def test_a_shape_onnx_runtime_cannot_fuse_gets_the_unfused_graph(tmp_path: Path) -> None:
+    from edge_runtime.decoder_fused import build_fused_decoder
+    from edge_runtime.decoder_zoo import DecoderShape, random_weights, write_decoder_folder
+    from edge_runtime.generation.folder import read_folder
+
+    shape = DecoderShape(hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=300, max_positions=64)  # head_dim 8
+    with pytest.raises(ValueError, match="head_dim 8 is not a multiple of 16"):
+        build_fused_decoder(shape, random_weights(shape))
+    assert not read_folder(write_decoder_folder(tmp_path / "small", shape)).kv_in_place
+    assert read_folder(write_decoder_folder(tmp_path / "fused", DecoderShape(vocab=300, max_positions=64))).kv_in_place
