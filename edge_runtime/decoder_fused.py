@@ -33,7 +33,6 @@ from edge_runtime.decoder_zoo import DecoderShape, _Decoder
 
 MS = "com.microsoft"
 HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's CPU GroupQueryAttention refuses other head sizes at run time
-FUSED_OPS = frozenset({"GroupQueryAttention"})  # a graph holding one of these wants the in-place KV layout
 
 
 class _FusedDecoder(_Decoder):
@@ -132,7 +131,3 @@ def build_fused_decoder(shape: DecoderShape, weights: dict[str, np.ndarray]) -> 
         raise ValueError(f"no fused decoder for this shape: {reason}")
     return _FusedDecoder(shape, weights).build()
 
-
-def is_fused_graph(proto: onnx.ModelProto) -> bool:
-    """True when the graph attends with GroupQueryAttention (its KV wants the in-place layout)."""
-    return any(node.op_type in FUSED_OPS and node.domain == MS for node in proto.graph.node)

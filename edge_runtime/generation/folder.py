@@ -155,8 +155,12 @@ def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], gen
     context = int(config.get("max_position_embeddings") or read_json(folder / "tokenizer_config.json").get(
         "model_max_length") or 2048)
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
-    from edge_runtime.decoder_fused import is_fused_graph
-
     return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),
                          int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")),
-                         weight_files(model_path, proto), is_fused_graph(proto))
+                         weight_files(model_path, proto), appends_in_place(proto))
+
+
+def appends_in_place(proto: Any) -> bool:
+    """True when the graph attends with ``com.microsoft.GroupQueryAttention``, which appends new
+    keys/values into ``present`` in place when it is bound to the same memory as ``past``."""
+    return any(node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" for node in proto.graph.node)

@@ -64,8 +64,7 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
     A vision-language folder's weights are its three parts' files as ``vision`` (its ``[vision]``
     settings) chooses them. Raises what reading the folder raises (ModelLoadError, ModelNotFoundError).
     """
-    from edge_runtime.generation.engine import decode_rows
-    from edge_runtime.generation.engine import kv_buffer_bytes
+    from edge_runtime.generation.engine import decode_rows, kv_buffer_bytes
 
     if is_genai_folder(path):
         from edge_runtime.generation.genai_engine import read_genai_folder
