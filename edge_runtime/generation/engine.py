@@ -32,8 +32,10 @@ def kv_names(layers: int) -> tuple[list[str], list[str]]:
 def decode_rows(folder: DecoderFolder, max_batch: int) -> int:
     """Rows the engine's decode batch gets for ``max_batch`` asked: left-padded rows need explicit
     positions, and without a ``position_ids`` input the graph derives them from the past length,
-    which is wrong for a padded row. Such a model decodes one stream at a time."""
-    return max_batch if folder.has_position_ids else 1
+    which is wrong for a padded row. Such a model decodes one stream at a time — unless it appends
+    in place (GroupQueryAttention): its rows are not padded, and each row's rotary position is its
+    own length (``seqlens_k``), as in onnxruntime-genai's graphs, which take no ``position_ids``."""
+    return max_batch if folder.has_position_ids or folder.kv_in_place else 1
 
 
 def kv_buffer_bytes(folder: DecoderFolder, max_batch: int, max_len: int) -> int:

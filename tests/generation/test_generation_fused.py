@@ -132,3 +132,45 @@ def test_a_shape_onnx_runtime_cannot_fuse_gets_the_unfused_graph(tmp_path: Path)
         build_fused_decoder(shape, random_weights(shape))
     assert not read_folder(write_decoder_folder(tmp_path / "small", shape)).kv_in_place
     assert read_folder(write_decoder_folder(tmp_path / "fused", DecoderShape(vocab=300, max_positions=64))).kv_in_place
+
+
+def test_a_fused_graph_without_position_ids_still_batches(fused_folder: Path, onnx_folder: Path, tmp_path: Path,
+                                                          model_factory) -> None:
+    """onnxruntime-genai's graphs take no position_ids: GroupQueryAttention rotates each row at its own length."""
+    import shutil
+    import threading
+
+    import onnx
+
+    folder = tmp_path / "no-positions"
+    shutil.copytree(fused_folder, folder)
+    proto = onnx.load(str(folder / "model.onnx"))
+    for node in proto.graph.node:
+        if node.op_type == "GroupQueryAttention":
+            node.input[9] = ""  # no position_ids: positions come from seqlens_k
+    inputs = [v for v in proto.graph.input if v.name != "position_ids"]
+    del proto.graph.input[:]
+    proto.graph.input.extend(inputs)
+    onnx.save(proto, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    model = model_factory(folder, max_batch_size=3, prefill_chunk_tokens=8, prefix_cache_bytes=0)
+    assert not model.folder.has_position_ids and model.engine.kv.max_batch == 3
+    from edge_runtime.generation.model import sampling_params
+
+    rows_seen: list[int] = []
+    decode = model.engine.decode
+    model.engine.decode = lambda tokens: (rows_seen.append(len(tokens)), decode(tokens))[1]
+    prompts = [model.prepare(p).ids for p in ("tap", "open the settings menu and scroll down", "json name")]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    done = [threading.Event() for _ in prompts]
+
+    def sink(i: int):
+        return lambda chunk: (tokens[i].extend(chunk.token_ids), chunk.finish_reason and done[i].set())
+
+    params = sampling_params(max_tokens=10, ignore_eos=True, temperature=0.0)
+    with model.batcher._wake:  # all three queued before the loop admits any: they share decode steps
+        for i, ids in enumerate(prompts):
+            model.submit(model.prepare(ids), params, sink(i))
+    assert all(event.wait(60) for event in done)
+    assert max(rows_seen) == 3  # rows of three different lengths in one call
+    for ids, got in zip(prompts, tokens):
+        assert got == oracle_greedy(onnx_folder, ids, 10, set())
