@@ -11,10 +11,12 @@ weights go through onnxruntime-genai's model builder (its own venv:
   to first token and decode tokens/s of edge-runtime (through its batcher, as
   an app gets it) on the optimum export and on its own graph of the same
   weights (``decoder_zoo.decoder_folder_from_hf``: fused projections, no shape
-  subgraphs), onnxruntime-genai, and a hand-written ORT loop feeding
-  ``present`` back as ``past`` through numpy;
+  subgraphs), on our fused graph of them (``fused=True``: GroupQueryAttention,
+  KV appended in place), onnxruntime-genai, and a hand-written ORT loop feeding
+  ``present`` back as ``past`` through numpy; the same for our two graphs at a
+  1,024-token context (where a per-token copy of the cache would show);
 * aggregate tokens/s with 1, 4 and 8 concurrent streams (continuous batching),
-  and genai's static batch of 8 beside it;
+  on the optimum export and on the fused graph, and genai's static batch of 8 beside it;
 * time to first token with a 1,000-token shared prefix: cached (the prefix
   cache holds it) against uncached (a fresh prefix every time).
 
@@ -134,6 +136,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 32 new tokens (a smoke run)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    parser.add_argument("--single-only", action="store_true",
+                        help="only the interleaved single-stream rounds (no streams, no prefix cache): more rounds "
+                             "in the same time on a noisy machine")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate")
     parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "edge-runtime" / "bench-models")
     parser.add_argument("--genai-python", default=GENAI_PYTHON)
@@ -151,11 +156,14 @@ def main() -> int:
                                   prefix_cache_bytes=512 * 1024 * 1024, prefill_chunk_tokens=512)
     from edge_runtime.decoder_zoo import decoder_folder_from_hf
 
-    lean_folder = args.models / f"lean-{SPEC.key}"
+    lean_folder, fused_folder = args.models / f"lean-{SPEC.key}", args.models / f"fused-{SPEC.key}"
     if not (lean_folder / "model.onnx").is_file():
         decoder_folder_from_hf(hf, lean_folder)
+    if not (fused_folder / "model.onnx").is_file():
+        decoder_folder_from_hf(hf, fused_folder, fused=True)
     model = GenerativeModel("bench", folder, settings)
     lean = GenerativeModel("bench-lean", lean_folder, settings)
+    fused = GenerativeModel("bench-fused", fused_folder, settings)
     kv = model.folder.kv
     plain = PlainLoop(folder / "model.onnx", args.threads, kv.layers, kv.kv_heads, kv.head_dim)
     genai = None
@@ -167,33 +175,45 @@ def main() -> int:
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, SPEC.vocab, 64)]
     stream_prompts = [[int(t) for t in rng.integers(10, SPEC.vocab, 64)] for _ in range(8)]
-    single: dict[str, list[dict[str, Any]]] = {"edge-runtime": [], "edge-runtime-own-graph": [], "plain-ort-loop": [],
-                                               "onnxruntime-genai": []}
+    long_prompt = [int(t) for t in rng.integers(10, SPEC.vocab, 1024)]
+    single: dict[str, list[dict[str, Any]]] = {"edge-runtime": [], "edge-runtime-own-graph": [],
+                                               "edge-runtime-fused": [], "plain-ort-loop": [], "onnxruntime-genai": [],
+                                               "edge-runtime-own-graph-ctx1024": [], "edge-runtime-fused-ctx1024": []}
     streams: dict[int, list[float]] = {1: [], 4: [], 8: []}
+    fused_streams: dict[int, list[float]] = {1: [], 8: []}
     genai_batch8: list[float] = []
     model.generate(prompt, max_tokens=4, ignore_eos=True)  # warm-up
     lean.generate(prompt, max_tokens=4, ignore_eos=True)
+    fused.generate(prompt, max_tokens=4, ignore_eos=True)
     plain.run(prompt, 4)
     if genai is not None:
         genai.ask(cmd="single", prompt=prompt, new=4)
     runners = {"edge-runtime": lambda: ours_single(model, prompt, new),
                "edge-runtime-own-graph": lambda: ours_single(lean, prompt, new),
-               "plain-ort-loop": lambda: plain.run(prompt, new)}
+               "edge-runtime-fused": lambda: ours_single(fused, prompt, new),
+               "plain-ort-loop": lambda: plain.run(prompt, new),
+               "edge-runtime-own-graph-ctx1024": lambda: ours_single(lean, long_prompt, new),
+               "edge-runtime-fused-ctx1024": lambda: ours_single(fused, long_prompt, new)}
     if genai is not None:
         runners["onnxruntime-genai"] = lambda: genai.ask(cmd="single", prompt=prompt, new=new)
     order = list(runners)
     for round_index in range(rounds):
         for name in order[round_index % len(order):] + order[:round_index % len(order)]:  # rotate who goes first
             single[name].append(runners[name]())
+        if args.single_only:
+            continue
         for count in streams:
             streams[count].append(ours_streams(model, stream_prompts[:count], new))
+        for count in fused_streams:
+            fused_streams[count].append(ours_streams(fused, stream_prompts[:count], new))
         if genai is not None:
             genai_batch8.append(genai.ask(cmd="batch", prompts=stream_prompts, new=new)["aggregate_tokens_per_s"])
     # Shared 1,000-token prefix: uncached = a fresh prefix each time; cached = the same prefix again.
     cached_ms, uncached_ms = [], []
     shared = [int(t) for t in rng.integers(10, SPEC.vocab, prefix_tokens)]
-    model.generate(shared + [11, 12, 13], max_tokens=1)  # fill the cache once
-    for trial in range(trials):
+    if not args.single_only:
+        model.generate(shared + [11, 12, 13], max_tokens=1)  # fill the cache once
+    for trial in range(0 if args.single_only else trials):
         fresh = [int(t) for t in rng.integers(10, SPEC.vocab, prefix_tokens)]
         suffix = [int(t) for t in rng.integers(10, SPEC.vocab, 16)]
         uncached_ms.append(model.generate(fresh + suffix, max_tokens=1).time_to_first_token_s * 1e3)
@@ -211,21 +231,32 @@ def main() -> int:
         "greedy_tokens_agree_with_genai": agree,
         "greedy_tokens_agree_with_plain_loop": single["plain-ort-loop"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
         "greedy_tokens_agree_own_graph": single["edge-runtime-own-graph"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
+        "greedy_tokens_agree_fused": single["edge-runtime-fused"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
+        "greedy_tokens_agree_fused_ctx1024": (single["edge-runtime-fused-ctx1024"][0]["tokens"]
+                                              == single["edge-runtime-own-graph-ctx1024"][0]["tokens"]),
         "single_stream": {name: {"ttft_ms_best": round(best([r["ttft_ms"] for r in rows], high=False), 2),
                                  "decode_tokens_per_s_best": round(best([r["decode_tokens_per_s"] for r in rows]), 1)}
                           for name, rows in single.items() if rows},
-        "aggregate_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in streams.items()},
+        "aggregate_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in streams.items() if v},
+        "aggregate_fused_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in fused_streams.items() if v},
         "genai_static_batch8_tokens_per_s_best": round(best(genai_batch8), 1) if genai_batch8 else None,
         "prefix_ttft_ms_best": {"uncached": round(min(uncached_ms), 2), "cached": round(min(cached_ms), 2),
-                                "prefix_tokens": prefix_tokens},
+                                "prefix_tokens": prefix_tokens} if cached_ms else None,
     }
     s = summary["single_stream"]
     summary["ratios"] = {
         "decode_vs_genai": _ratio(s, "onnxruntime-genai"),
         "decode_own_graph_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-own-graph"),
         "decode_vs_plain_loop": _ratio(s, "plain-ort-loop"),
-        "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2),
-        "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3),
+        "decode_fused_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-fused"),
+        "decode_fused_vs_own_graph": _ratio(s, "edge-runtime-own-graph", "edge-runtime-fused"),
+        "decode_fused_vs_optimum": _ratio(s, "edge-runtime", "edge-runtime-fused"),
+        "decode_fused_vs_own_graph_ctx1024": _ratio(s, "edge-runtime-own-graph-ctx1024", "edge-runtime-fused-ctx1024"),
+        "decode_fused_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-fused", "edge-runtime-fused-ctx1024"),
+        "decode_own_graph_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-own-graph", "edge-runtime-own-graph-ctx1024"),
+        "fused_streams8_vs_streams1": round(best(fused_streams[8]) / best(fused_streams[1]), 2) if streams[8] else None,
+        "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2) if streams[8] else None,
+        "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3) if cached_ms else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_generate.json").write_text(json.dumps(summary, indent=2))
@@ -233,6 +264,7 @@ def main() -> int:
     print(json.dumps(summary, indent=2))
     model.close()
     lean.close()
+    fused.close()
     if genai is not None:
         genai.close()
     return 0
@@ -267,7 +299,7 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
                                        if summary["genai_static_batch8_tokens_per_s_best"] else [])
     axes[1].bar(labels, values, color="tab:green")
     axes[1].set_title("aggregate tokens/s (edge-runtime continuous batching)")
-    prefix = summary["prefix_ttft_ms_best"]
+    prefix = summary["prefix_ttft_ms_best"] or {"uncached": 0, "cached": 0, "prefix_tokens": 0}
     axes[2].bar(["uncached", "cached"], [prefix["uncached"], prefix["cached"]], color="tab:orange")
     axes[2].set_title(f"TTFT ms, {prefix['prefix_tokens']}-token shared prefix")
     for axis in axes:

@@ -2,7 +2,9 @@
 
 ``folder`` recognises and reads a model folder; ``chat`` renders chat templates
 and tokenises; ``detokenizer`` streams text without splitting a UTF-8
-character; ``sampling`` picks tokens; ``kv_cache`` and ``engine`` run prefill
+character; ``sampling`` picks tokens; ``kv_cache`` (ping-pong buffers, for graphs
+that concatenate the cache) or ``kv_inplace`` (one buffer appended in place, for
+GroupQueryAttention graphs such as ``decoder_fused``'s) and ``engine`` run prefill
 and decode with the KV cache in preallocated buffers; ``prefix_cache`` reuses
 the KV of prompt prefixes; ``batcher`` schedules sequences per token
 (continuous batching); ``model`` is the embedded API (``GenerativeModel``);

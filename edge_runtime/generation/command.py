@@ -15,7 +15,7 @@ from typing import Any
 
 from edge_runtime.errors import InvalidInputError
 
-DEMO_DECODER_VERSION = 1  # bump when decoder_zoo's graph or the demo shape changes
+DEMO_DECODER_VERSION = 2  # bump when decoder_zoo's graph or the demo shape changes (2: the fused graph)
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,9 @@
 ``prefill`` runs one sequence's prompt chunk on top of its past (numpy arrays,
 at most one chunk per call, so a scheduler can interleave it with decode
 steps); ``decode`` runs one token for every row of the running batch through
-IO binding over ``BatchKV``'s preallocated buffers. The engine is synchronous
+IO binding over preallocated KV buffers: ``kv_inplace.InPlaceKV`` (past and present
+the same memory) for a GroupQueryAttention graph, ``kv_cache.BatchKV`` (ping-pong)
+for one that concatenates. The engine is synchronous
 and single-threaded: one caller (the batcher's loop) owns it.
 """
 
@@ -15,8 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.generation import kv_cache, kv_inplace
 from edge_runtime.generation.folder import DecoderFolder
-from edge_runtime.generation.kv_cache import BatchKV
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,16 @@ def kv_names(layers: int) -> tuple[list[str], list[str]]:
 def decode_rows(folder: DecoderFolder, max_batch: int) -> int:
     """Rows the engine's decode batch gets for ``max_batch`` asked: left-padded rows need explicit
     positions, and without a ``position_ids`` input the graph derives them from the past length,
-    which is wrong for a padded row. Such a model decodes one stream at a time."""
-    return max_batch if folder.has_position_ids else 1
+    which is wrong for a padded row. Such a model decodes one stream at a time — unless it appends
+    in place (GroupQueryAttention): its rows are not padded, and each row's rotary position is its
+    own length (``seqlens_k``), as in onnxruntime-genai's graphs, which take no ``position_ids``."""
+    return max_batch if folder.has_position_ids or folder.kv_in_place else 1
+
+
+def kv_buffer_bytes(folder: DecoderFolder, max_batch: int, max_len: int) -> int:
+    """Bytes of the KV buffers the engine allocates for ``folder`` (before allocating them)."""
+    module = kv_inplace if folder.kv_in_place else kv_cache
+    return module.buffer_bytes(folder.kv, max_batch, max_len)
 
 
 class DecoderEngine:
@@ -53,12 +63,16 @@ class DecoderEngine:
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ModelLoadError(f"{folder.model_path}: onnxruntime cannot load it ({exc})") from None
         self.past_names, self.present_names = kv_names(folder.kv.layers)
-        self.kv = BatchKV(folder.kv, max_batch, max_len)
+        # A GroupQueryAttention graph appends in place into one buffer (past and present bound to the
+        # same memory); a graph that concatenates needs the two-buffer ping-pong.
+        kv_type = kv_inplace.InPlaceKV if folder.kv_in_place else kv_cache.BatchKV
+        self.kv: kv_cache.BatchKV | kv_inplace.InPlaceKV = kv_type(folder.kv, max_batch, max_len)
         self._binding = self.session.io_binding()
         self._logits = np.zeros(max_batch * folder.vocab_size, np.float32)
         logits_type = next(o.type for o in self.session.get_outputs() if o.name == "logits")
         self._logits_fp16 = logits_type == "tensor(float16)"
         self.runs = 0
+        self._bound_rows: int | None = None  # rows whose KV/logits bindings are still in place (see decode)
 
     def empty_past(self) -> list[np.ndarray]:
         layout = self.folder.kv
@@ -105,12 +119,28 @@ class DecoderEngine:
         rows = kv.rows
         assert len(tokens) == rows and rows > 0, "one token per batch row"
         binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
+        # In place, the KV and logits bindings depend on the row count only (the same OrtValues every
+        # step): keep them and rebind just the small inputs. Ping-pong swaps buffers every step.
+        kept = self._bound_rows == rows
+        if not kept:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
         for name, value in self._step_inputs(tokens).items():
-            binding.bind_cpu_input(name, value)
+            binding.bind_cpu_input(name, value)  # NOTE: binding a bound name again replaces it
         binding.bind_cpu_input("attention_mask", kv.attention_mask())
-        past, present = kv.bindings()
+        if not kept:
+            self._bind_outputs(rows)
+        self.session.run_with_iobinding(binding)
+        self.runs += 1
+        kv.advance()
+        if self._logits_fp16:
+            return binding.copy_outputs_to_cpu()[-1][:, -1].astype(np.float32)
+        return self._logits[:rows * self.folder.vocab_size].reshape(rows, self.folder.vocab_size)
+
+    def _bind_outputs(self, rows: int) -> None:
+        """Bind past, present and logits for ``rows`` rows; note them as kept when they stay valid."""
+        binding = self._binding
+        past, present = self.kv.bindings()
         for name, value in zip(self.past_names, past):
             binding.bind_ortvalue_input(name, value)
         for name, value in zip(self.present_names, present):
@@ -122,9 +152,5 @@ class DecoderEngine:
 
             logits = self._logits[:rows * self.folder.vocab_size].reshape(rows, 1, self.folder.vocab_size)
             binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
-        self.session.run_with_iobinding(binding)
-        self.runs += 1
-        kv.advance()
-        if self._logits_fp16:
-            return binding.copy_outputs_to_cpu()[-1][:, -1].astype(np.float32)
-        return self._logits[:rows * self.folder.vocab_size].reshape(rows, self.folder.vocab_size)
+        in_place = isinstance(self.kv, kv_inplace.InPlaceKV)
+        self._bound_rows = rows if in_place and not self._logits_fp16 else None

@@ -70,6 +70,7 @@ class DecoderFolder:
     has_position_ids: bool
     model_type: str
     weight_files: tuple[Path, ...] = ()  # model.onnx and its external-data files (the memory budget's weights)
+    kv_in_place: bool = False  # the graph attends with GroupQueryAttention: one KV buffer, appended in place
 
     @property
     def weight_bytes(self) -> int:
@@ -156,4 +157,10 @@ def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], gen
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
     return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),
                          int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")),
-                         weight_files(model_path, proto))
+                         weight_files(model_path, proto), appends_in_place(proto))
+
+
+def appends_in_place(proto: Any) -> bool:
+    """True when the graph attends with ``com.microsoft.GroupQueryAttention``, which appends new
+    keys/values into ``present`` in place when it is bound to the same memory as ``past``."""
+    return any(node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" for node in proto.graph.node)

@@ -64,8 +64,7 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
     A vision-language folder's weights are its three parts' files as ``vision`` (its ``[vision]``
     settings) chooses them. Raises what reading the folder raises (ModelLoadError, ModelNotFoundError).
     """
-    from edge_runtime.generation.engine import decode_rows
-    from edge_runtime.generation.kv_cache import buffer_bytes
+    from edge_runtime.generation.engine import decode_rows, kv_buffer_bytes
 
     if is_genai_folder(path):
         from edge_runtime.generation.genai_engine import read_genai_folder
@@ -75,7 +74,7 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
     from edge_runtime.generation.vision.folder import is_vlm_folder, read_vlm_folder
 
     folder = read_vlm_folder(path, vision).decoder if is_vlm_folder(path) else read_folder(path)
-    kv = buffer_bytes(folder.kv, decode_rows(folder, settings.max_batch_size), kv_positions(folder, settings))
+    kv = kv_buffer_bytes(folder, decode_rows(folder, settings.max_batch_size), kv_positions(folder, settings))
     return GenerationFootprint(int(folder.weight_bytes * footprint_factor), kv, settings.prefix_cache_bytes)
 
 

@@ -36,6 +36,26 @@ def hf_model_folder(arch: str) -> Path:
     return hf_folder(SPECS[arch], models_root())
 
 
+@pytest.fixture(scope="session")
+def fused_folder(arch: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Our GroupQueryAttention graph (``decoder_fused``) of the same weights as ``onnx_folder``."""
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+
+    return decoder_folder_from_hf(hf_folder(SPECS[arch], models_root()), tmp_path_factory.mktemp(f"fused-{arch}"),
+                                  fused=True)
+
+
+@pytest.fixture(scope="session", params=["optimum", "fused"])
+def batching_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Qwen2-style model as the optimum export (ping-pong KV) and as our fused graph (KV in place)."""
+    if request.param == "optimum":
+        return optimum_folder(SPECS["qwen2"], models_root())
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+
+    return decoder_folder_from_hf(hf_folder(SPECS["qwen2"], models_root()), tmp_path_factory.mktemp("fused-qwen2"),
+                                  fused=True)
+
+
 @pytest.fixture
 def model_factory():
     """Build GenerativeModels with given settings; all are closed at teardown."""

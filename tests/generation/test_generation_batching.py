@@ -15,8 +15,10 @@ PROMPTS = ["tap", "the agent taps the button and reads the screen then scrolls d
            "héllo wörld 你好 世界 emoji 🙂", "json name arguments tool call"]
 
 
-def test_concurrent_requests_give_the_same_tokens_as_alone(qwen_folder: Path, model_factory) -> None:
-    model = model_factory(qwen_folder, max_batch_size=4, prefill_chunk_tokens=8, prefix_cache_bytes=0)
+def test_concurrent_requests_give_the_same_tokens_as_alone(batching_folder: Path, qwen_folder: Path,
+                                                            model_factory) -> None:
+    # the oracle is always the optimum export's no-cache recompute, also for our fused graph
+    model = model_factory(batching_folder, max_batch_size=4, prefill_chunk_tokens=8, prefix_cache_bytes=0)
     alone = [model.generate(p, max_tokens=8 + 6 * i) for i, p in enumerate(PROMPTS)]
     steps_alone = model.batcher.stats().steps
     with ThreadPoolExecutor(len(PROMPTS)) as pool:  # 5 requests, 4 rows: one waits for a free row
@@ -29,9 +31,9 @@ def test_concurrent_requests_give_the_same_tokens_as_alone(qwen_folder: Path, mo
     assert model.batcher.stats().steps - steps_alone < steps_alone  # decode steps were shared
 
 
-def test_prefix_cache_hits_give_the_same_tokens_as_misses(qwen_folder: Path, model_factory) -> None:
-    cold = model_factory(qwen_folder, prefix_cache_bytes=0)
-    warm = model_factory(qwen_folder, prefix_block_tokens=4, prefill_chunk_tokens=16)
+def test_prefix_cache_hits_give_the_same_tokens_as_misses(batching_folder: Path, model_factory) -> None:
+    cold = model_factory(batching_folder, prefix_cache_bytes=0)
+    warm = model_factory(batching_folder, prefix_block_tokens=4, prefill_chunk_tokens=16)
     system = {"role": "system", "content": " ".join(PROMPTS[1:4])}
     history = [system, {"role": "user", "content": "step one"}]
     previous = 0
@@ -60,8 +62,8 @@ def test_prefix_cache_lru_stays_under_its_byte_budget(qwen_folder: Path, model_f
     assert again.usage.cached_tokens > 0
 
 
-def test_cancel_stops_the_sequence_at_the_next_token(qwen_folder: Path, model_factory) -> None:
-    model = model_factory(qwen_folder)
+def test_cancel_stops_the_sequence_at_the_next_token(batching_folder: Path, model_factory) -> None:
+    model = model_factory(batching_folder)
     seen = threading.Event()
     chunks = []
 
@@ -134,10 +136,10 @@ def test_logprobs_are_the_log_softmax_of_the_oracle_logits(qwen_folder: Path, mo
     assert [t for t, _ in first.top] == list(np.argsort(-expected)[:3])
 
 
-def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(qwen_folder: Path, model_factory) -> None:
+def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_folder: Path, model_factory) -> None:
     from edge_runtime.generation.model import sampling_params
 
-    model = model_factory(qwen_folder, prefill_chunk_tokens=8, prefix_cache_bytes=0)
+    model = model_factory(batching_folder, prefill_chunk_tokens=8, prefix_cache_bytes=0)
     engine = model.engine
     calls: list[tuple[str, int]] = []
     prefill, decode = engine.prefill, engine.decode

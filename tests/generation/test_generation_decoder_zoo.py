@@ -73,17 +73,18 @@ def test_our_graph_from_hf_weights_generates_like_the_optimum_export(hf_model_fo
                                               set(exported.folder.eos_token_ids))
 
 
-def test_fp16_kv_cache_matches_its_own_no_cache_oracle(tmp_path: Path, model_factory) -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_fp16_kv_cache_matches_its_own_no_cache_oracle(fused: bool, tmp_path: Path, model_factory) -> None:
     import onnx
     from onnxconverter_common import float16
 
     from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
 
-    folder = write_decoder_folder(tmp_path / "fp16", DecoderShape(vocab=600, max_positions=128), seed=2)
+    folder = write_decoder_folder(tmp_path / "fp16", DecoderShape(vocab=600, max_positions=128), seed=2, fused=fused)
     model = onnx.load(str(folder / "model.onnx"))
     onnx.save(float16.convert_float_to_float16(model, keep_io_types=False), str(folder / "model.onnx"))
     fp16 = model_factory(folder, max_batch_size=2)
-    assert fp16.folder.kv.dtype == np.float16
+    assert fp16.folder.kv.dtype == np.float16 and fp16.folder.kv_in_place == fused
     prompt = fp16.prepare("the agent taps the button").ids
     result = fp16.generate(prompt, max_tokens=12)
     assert list(result.token_ids) == oracle_greedy(folder, prompt, 12, set(fp16.folder.eos_token_ids))

@@ -1,0 +1,133 @@
+"""The decoder of ``decoder_zoo`` written with ONNX Runtime's fused contrib ops.
+
+Same weights, same inputs and outputs as ``decoder_zoo.build_decoder`` (``input_ids``,
+``attention_mask``, ``position_ids``, ``past_key_values.N.key/value``; ``logits``,
+``present.N.key/value``), but per layer one packed QKV MatMul, one
+``com.microsoft.GroupQueryAttention`` (rotary inside: ``do_rotary`` with cos/sin caches,
+positions from ``position_ids``) and ``SkipSimplifiedLayerNormalization`` for each residual
+add + RMSNorm pair. About 12 nodes a layer instead of ~45.
+
+What the attention mask means changes: GroupQueryAttention takes per-row lengths
+(``seqlens_k``: valid positions - 1) and the batch's longest total, not a mask. The graph
+derives both from ``attention_mask`` (its row sums and its width), so a row's valid cache
+positions must be its *first* ones (right padding), as ``generation.kv_inplace`` lays them
+out — not the left padding of the unfused graph's batch. For one unpadded sequence the two
+graphs take identical feeds.
+
+When ``past`` and ``present`` are bound to the same buffer (``[batch, kv_heads, capacity,
+head_dim]``), GroupQueryAttention appends each row's new key/value in place at the row's
+own length: no per-token copy of the cache. With separate buffers ``present`` is
+``past`` plus the new positions, as in the unfused graph (the prefill path).
+
+M-RoPE (Qwen2-VL) is not expressible with GroupQueryAttention's one-position rotary, so
+``inputs_embeds``/``mrope_section`` graphs are built unfused by ``decoder_zoo`` only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edge_runtime.decoder_zoo import DecoderShape, _Decoder
+
+MS = "com.microsoft"
+HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's CPU GroupQueryAttention refuses other head sizes at run time
+
+
+class _FusedDecoder(_Decoder):
+    def simplified_norm(self, x: str, gamma: str, skip: str | None = None) -> tuple[str, str]:
+        """(RMSNorm(x [+ skip]) * gamma, x [+ skip]): the normalised value and the new residual."""
+        g, weight = self.g, self.const(gamma, self.w[gamma])
+        if skip is None:
+            return g.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=self.s.rms_eps), x
+        out = g.op("SkipSimplifiedLayerNormalization", [x, skip, weight], 4, domain=MS, epsilon=self.s.rms_eps)
+        return out[0], out[3]
+
+    def packed_qkv(self, h: str, prefix: str) -> str:
+        """One MatMul (+ bias) giving [batch, seq, (heads + 2 * kv_heads) * head_dim]: GQA's packed query."""
+        names = [prefix + f"self_attn.{kind}_proj" for kind in ("q", "k", "v")]
+        y = self.g.op("MatMul", [h, self.const(names[0] + ".packed", np.ascontiguousarray(
+            np.concatenate([self.w[n + ".weight"] for n in names], axis=0).T))])
+        biases = [self.w.get(n + ".bias") for n in names]
+        if all(b is not None for b in biases):
+            return self.g.op("Add", [y, self.const(names[0] + ".packed_bias", np.concatenate(biases))])
+        if any(b is not None for b in biases):
+            raise ValueError(f"some but not all of {names} have biases")
+        return y
+
+    def rotary_caches(self) -> tuple[str, str]:
+        """[max_positions, head_dim / 2] cos and sin (GroupQueryAttention's rotate-half layout)."""
+        d = self.s.head_dim
+        inv_freq = 1.0 / (self.s.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), inv_freq)
+        return (self.const("cos_cache", np.cos(angles).astype(np.float32)),
+                self.const("sin_cache", np.sin(angles).astype(np.float32)))
+
+    def build(self) -> onnx.ModelProto:
+        s, g = self.s, self.g
+        if self.embeds or self.mrope:
+            raise ValueError("the fused decoder takes input_ids and 1-D positions (no inputs_embeds, no M-RoPE)")
+        # seqlens_k = valid positions - 1 per row; total_sequence_length = the mask's width (int32).
+        lengths = g.op("ReduceSum", ["attention_mask", self.const("ax", np.array([1], np.int64))], keepdims=0)
+        seqlens_k = g.op("Cast", [g.op("Sub", [lengths, self.const("one", np.int64(1))])], to=TensorProto.INT32)
+        total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"]), self.const("one", np.int64(1))])],
+                     to=TensorProto.INT32)
+        cos, sin = self.rotary_caches()
+        x = g.op("Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
+        h, residual = self.simplified_norm(x, "model.layers.0.input_layernorm.weight")
+        inputs, outputs = [], []
+        kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", s.head_dim]
+        out_shape = ["batch_size", s.kv_heads, "present_sequence_length", s.head_dim]
+        for n in range(s.layers):
+            p = f"model.layers.{n}."
+            past_k, past_v = f"past_key_values.{n}.key", f"past_key_values.{n}.value"
+            attended = g.op("GroupQueryAttention", [self.packed_qkv(h, p), "", "", past_k, past_v, seqlens_k, total,
+                                                    cos, sin, "position_ids"], 3, domain=MS, num_heads=s.heads,
+                            kv_num_heads=s.kv_heads, do_rotary=1, rotary_interleaved=0)
+            g.nodes[-1].output[1], g.nodes[-1].output[2] = f"present.{n}.key", f"present.{n}.value"
+            h, residual = self.simplified_norm(self.linear(attended[0], p + "self_attn.o_proj"),
+                                               p + "post_attention_layernorm.weight", residual)
+            gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])
+            act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+            following = f"model.layers.{n + 1}.input_layernorm.weight" if n + 1 < s.layers else "model.norm.weight"
+            h, residual = self.simplified_norm(self.linear(act, p + "mlp.down_proj"), following, residual)
+            inputs += [helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),
+                       helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape)]
+            outputs += [helper.make_tensor_value_info(f"present.{n}.key", TensorProto.FLOAT, out_shape),
+                        helper.make_tensor_value_info(f"present.{n}.value", TensorProto.FLOAT, out_shape)]
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
+        g.op("MatMul", [h, self.const("lm_head", np.ascontiguousarray(head.T))])
+        g.nodes[-1].output[0] = "logits"
+        graph_inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
+        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
+        graph = helper.make_graph(g.nodes, "qwen2_style_fused_decoder", graph_inputs + inputs, [logits] + outputs,
+                                  g.initializers)
+        # NOTE: not checked with onnx.checker: it does not know the com.microsoft schemas; ONNX Runtime
+        # validates the graph when it loads it (the tests load every variant).
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+                                  producer_name="edge-runtime-decoder-fused")
+        model.ir_version = 8
+        return model
+
+
+def unfusable(shape: DecoderShape) -> str | None:
+    """Why ONNX Runtime cannot run the fused graph of ``shape`` (one line), or None when it can."""
+    if shape.head_dim % HEAD_DIM_MULTIPLE:
+        return (f"head_dim {shape.head_dim} is not a multiple of {HEAD_DIM_MULTIPLE} "
+                "(ONNX Runtime's GroupQueryAttention needs one)")
+    return None
+
+
+def build_fused_decoder(shape: DecoderShape, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The fused decoder graph (see the module docstring) for Hugging Face-named Qwen2/Llama ``weights``;
+    ValueError when ``unfusable(shape)`` says why not, or when the weights have biases on some but not
+    all of q/k/v."""
+    reason = unfusable(shape)
+    if reason is not None:
+        raise ValueError(f"no fused decoder for this shape: {reason}")
+    return _FusedDecoder(shape, weights).build()
+
