@@ -44,6 +44,7 @@ from edge_runtime.scheduler.queue import RequestQueue
 from edge_runtime.scheduler.recheck import PlanRecheck
 from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY, ShapeJob, ShapeJobs
+from edge_runtime.scheduler.spin import spinning_now
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
 
@@ -397,12 +398,14 @@ class ModelScheduler:
         batch size, ``explored`` exploring decisions, ``fallbacks`` and
         ``fallback:<plan>`` requests re-run on cpu, ``rejected_queue_full``,
         ``deadline_exceeded``, ``failures``, ``success``. Also ``pending``,
-        ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit)
-        and ``estimates_ms`` (cost policy: learned unloaded ms per row per plan).
+        ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit),
+        ``estimates_ms`` (cost policy: learned unloaded ms per row per plan) and ``spinning``
+        (whether the spin policy lets the model's CPU pool threads spin now, ``spin.py``).
         """
         with self._lock:
             return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
                     "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
-                    "estimates_ms": self.policy.estimates_ms(), **dict(self.counters),
+                    "estimates_ms": self.policy.estimates_ms(),
+                    "spinning": spinning_now(self.config.scheduler.spin, self.in_flight), **dict(self.counters),
                     **({"recheck": self.recheck.snapshot()} if self.recheck is not None else {})}
 
