@@ -92,7 +92,7 @@ class ModelScheduler:
         # Without a load-time decision (tests, tools), the declared shapes decide.
         self.batching_decision = batching or decide_batching(config.batching, self.inputs, outputs or [], None)
         self.batching = self.batching_decision.enabled
-        self._sizer = BatchSizer(config.batching)
+        self._sizer = BatchSizer(config.batching, dict(self.batching_decision.cost_ms_per_row))
         self._delay_s = config.batching.max_queue_delay_us / 1e6
         self.counters: Counter[str] = Counter()
         self._queue = RequestQueue(name, config.queue.max_queue_size, self.counters)
@@ -399,13 +399,16 @@ class ModelScheduler:
         ``fallback:<plan>`` requests re-run on cpu, ``rejected_queue_full``,
         ``deadline_exceeded``, ``failures``, ``success``. Also ``pending``,
         ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit),
-        ``estimates_ms`` (cost policy: learned unloaded ms per row per plan) and ``spinning``
-        (whether the spin policy lets the model's CPU pool threads spin now, ``spin.py``).
+        ``estimates_ms`` (cost policy: learned unloaded ms per row per plan), ``spinning``
+        (whether the spin policy lets the model's CPU pool threads spin now, ``spin.py``),
+        ``cost_ms_per_row`` (the batcher's measured cost curve) and ``batch_knee`` (its knee).
         """
         with self._lock:
             return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
                     "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
                     "estimates_ms": self.policy.estimates_ms(),
-                    "spinning": spinning_now(self.config.scheduler.spin, self.in_flight), **dict(self.counters),
+                    "spinning": spinning_now(self.config.scheduler.spin, self.in_flight),
+                    "cost_ms_per_row": self._sizer.curve.per_row_ms(), "batch_knee": self._sizer.curve.knee(),
+                    **dict(self.counters),
                     **({"recheck": self.recheck.snapshot()} if self.recheck is not None else {})}
 
