@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
+from pathlib import Path
 from typing import Any, Mapping
 
 from backends.base import CompileOptions
@@ -51,7 +52,7 @@ from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
 from edge_runtime.scheduler.recheck import candidate_plans, plan_recheck
 from edge_runtime.scheduler.scheduler import ModelScheduler
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
-from edge_runtime.scheduler.spin import spin_settings
+from edge_runtime.scheduler.spin import TWIN_MAX_BYTES, SpinSwitch, spin_settings
 from edge_runtime.scheduler.workers import DeviceWorkers
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,10 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
         own = _load(runtime, model, "cpu", threads, config)
         owned.append(own)
     plans[model.backend] = model_plan(model.backend, own)
+    switch = _spin_switch(runtime, model, own, config, threads, monitor)
+    if switch is not None:
+        owned.append(switch.quiet_model)
+        plans[model.backend] = dataclasses.replace(plans[model.backend], call=switch)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
     if config.scheduler.policy == "fixed" and wanted == "auto":  # auto-core: auto's candidates, re-checked live
@@ -119,7 +124,8 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     try:
         scheduler = ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
                                    workers=workers, default_plan=model.backend, owned=owned, batching=batching,
-                                   recheck=plan_recheck(model.name, config, plans, model.backend))
+                                   recheck=plan_recheck(model.name, config, plans, model.backend),
+                                   spin_switch=switch)
     except ConfigError:
         for extra in owned:
             extra.close()
@@ -127,6 +133,27 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     if batching.deferred:
         _defer_batching(scheduler, model, config, model.backend)
     return scheduler
+
+
+def _spin_switch(runtime: Any, model: Any, own: Any, config: ModelConfig, threads: int,
+                 monitor: LoadMonitor | None) -> SpinSwitch | None:
+    """The ``load`` spin policy's quiet twin of the model's own cpu session and the switch between
+    them (``spin.py``), where there is a monitor to read the host's load and the model is small."""
+    if model.backend != "cpu" or config.scheduler.spin != "load" or monitor is None or not _is_onnx(model):
+        return None
+    try:
+        size = Path(model.path).stat().st_size
+    except OSError:
+        return None
+    if size > TWIN_MAX_BYTES:
+        log.info("model %s: no quiet twin session (%d MiB > %d MiB): it spins within runs whatever the load",
+                 model.name, size >> 20, TWIN_MAX_BYTES >> 20)
+        return None
+    quiet = runtime.load(model.path, name=model.name, backend="cpu",
+                         options=spin_settings("never").apply(_serving(runtime, threads, config)))
+    switch = SpinSwitch(own._run_validated, quiet._run_validated, lambda: monitor.reading)
+    switch.quiet_model = quiet
+    return switch
 
 
 def _worth_keeping(model: Any) -> frozenset[str]:

@@ -31,6 +31,18 @@ and no pool thread spins while no run is in flight). ``never`` and ``always``
 (ORT's own default: spin after runs too) are there for measurement and for
 hosts where one or the other is known to win.
 
+Spinning pays only while the cores are ours. When other processes keep them busy
+(a cloud phone's other apps, other daemons), a spinning thread burns time slices
+the others then take, and a parallel section waits for whichever of its threads
+was preempted: on this 2-core host under foreign load (load average 7) the
+classifier served 530 req/s at c=16 without spinning and 460 with it, where a
+quiet host gives spinning the lead (the issue: 1,084 against 815). So ``load``
+also watches the host: where the model is small enough (``TWIN_MAX_BYTES``) its
+cpu plan holds a second, non-spinning session of the same model, and
+``SpinSwitch`` sends each run to the spinning session while the others' CPU
+share (``LoadMonitor``: busy minus this process's own) is at most
+``OTHERS_BUSY_MAX``, else to the quiet twin. Without a monitor reading it spins.
+
 A request on an idle model runs at once (``batching.BatchSizer``): nothing here
 delays it; its run spins like any other.
 """
@@ -40,14 +52,26 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import threading
+from typing import Callable, Mapping
+
+import numpy as np
+
 from backends.base import CompileOptions
+from edge_runtime.load_monitor import LoadReading
 from edge_runtime.scheduler.config import SPIN_MODES
 
-__all__ = ["SPIN_DURATION_US", "SPIN_MODES", "SpinSettings", "spin_settings", "spinning_now"]
+__all__ = ["OTHERS_BUSY_MAX", "SPIN_DURATION_US", "SPIN_MODES", "TWIN_MAX_BYTES", "SpinSettings", "SpinSwitch",
+           "spin_settings", "spinning_now"]
 # The longest one wait of a pool thread spins before sleeping, inside a run. Gaps between
 # the parallel sections of consecutive nodes are a few microseconds to tens of them; longer
 # waits are serial stretches of the calling thread, better given to the event loop.
 SPIN_DURATION_US = 100
+# Others' share of all cores above which runs go to the quiet twin: on 2 cores, half of one core
+# (a load generator beside the daemon stays under it; a second busy process does not).
+OTHERS_BUSY_MAX = 0.25
+# Models up to this file size get a quiet twin session (its weights and arenas cost memory again).
+TWIN_MAX_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -85,3 +109,33 @@ def spinning_now(mode: str, runs_in_flight: int) -> bool:
     if mode == "never":
         return False
     return mode == "always" or runs_in_flight > 0
+
+
+Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class SpinSwitch:
+    """A cpu plan's ``call``: each run on the spinning session or its quiet twin, by the host's other load.
+
+    ``reading`` returns the latest ``LoadReading`` (the ``LoadMonitor``'s); ``runs`` counts
+    the runs per session (``spinning``, ``quiet``) for the scheduler's stats.
+    """
+
+    def __init__(self, spinning: Run, quiet: Run, reading: Callable[[], LoadReading],
+                 others_busy_max: float = OTHERS_BUSY_MAX) -> None:
+        self._spinning, self._quiet, self._reading = spinning, quiet, reading
+        self.others_busy_max = others_busy_max
+        self.runs = {"spinning": 0, "quiet": 0}
+        self.quiet_model: object = None  # the twin's Model, when the factory built it (closed with the scheduler)
+        self._lock = threading.Lock()
+
+    def spin_now(self) -> bool:
+        """Whether the next run spins: the others' CPU share is unknown or at most the bound."""
+        others = self._reading().cpu_busy_others
+        return others is None or others <= self.others_busy_max
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        spin = self.spin_now()
+        with self._lock:
+            self.runs["spinning" if spin else "quiet"] += 1
+        return (self._spinning if spin else self._quiet)(feeds)

@@ -138,3 +138,55 @@ async def test_an_idle_served_model_uses_almost_no_cpu_after_load(runtime, cnn) 
     finally:
         model.close()
     assert idle_cpu_s < IDLE_CPU_BOUND_S, f"{idle_cpu_s:.3f} s of CPU over {IDLE_S} s idle"
+
+
+def _twin_served(runtime, path: Path, monitor):
+    config = model_config({"batching": {"max_batch_size": 8, "max_queue_delay_us": 2000}})
+    model = runtime.load(path, backend="cpu", options=serving_options(runtime, config))
+    return scheduler_for(model, config, runtime, monitor), model
+
+
+async def test_under_foreign_cpu_load_runs_go_to_the_quiet_twin_and_back_when_it_ends(runtime, cnn, monitor) -> None:
+    path, proto = cnn
+    sched, model = _twin_served(runtime, path, monitor)
+    switch = sched.spin_switch
+    assert switch is not None and switch.quiet_model is not None
+    quiet_session = switch.quiet_model.executable._session  # ORT's session behind the twin
+    assert quiet_session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    oracle = ort_oracle(proto)
+    rng = np.random.default_rng(8)
+    feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(6)]
+    try:
+        async with sched:
+            loaded = dict(sched.stats()["spin_runs"])  # the load-time batching experiment's runs
+            monitor.pin(cpu_busy=0.9, cpu_busy_own=0.1)  # others hold 80 % of the machine
+            busy = await asyncio.gather(*(sched.infer(f) for f in feeds))
+            runs = sched.stats()["spin_runs"]
+            assert runs["spinning"] == loaded["spinning"] and runs["quiet"] > loaded["quiet"]
+            monitor.pin(cpu_busy=0.3, cpu_busy_own=0.2)  # the others have gone quiet
+            calm = await asyncio.gather(*(sched.infer(f) for f in feeds))
+            after = sched.stats()["spin_runs"]
+            assert after["quiet"] == runs["quiet"] and after["spinning"] > runs["spinning"]
+    finally:
+        model.close()
+    for feed, a, b in zip(feeds, busy, calm):
+        want = oracle(feed)["probabilities"]
+        np.testing.assert_allclose(a.outputs["probabilities"], want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(b.outputs["probabilities"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_no_twin_for_a_large_model_or_without_a_monitor(runtime, cnn, monitor, monkeypatch) -> None:
+    from edge_runtime.scheduler import factory
+
+    path, _ = cnn
+    sched, model = _twin_served(runtime, path, None)
+    assert sched.spin_switch is None and "spin_runs" not in sched.stats()
+    sched.discard()
+    monkeypatch.setattr(factory, "TWIN_MAX_BYTES", path.stat().st_size - 1)
+    sched, model = _twin_served(runtime, path, monitor)
+    try:
+        assert sched.spin_switch is None
+        assert _entry(sched, "session.force_spinning_stop") == "1"  # it still spins within runs only
+    finally:
+        sched.discard()
+        model.close()
