@@ -25,7 +25,9 @@ daemon whose models all run on the CPU.
 
 CPU plans are compiled with the intra-op threads of ``workers.cpu_split``, so
 the cpu worker's concurrent runs never oversubscribe the cores, and with the
-model's spin policy (``[scheduler] spin``, ``spin.py``). Models of one
+model's spin policy (``[scheduler] spin``, ``spin.py``: under ``load``, a small model
+served with a load monitor also gets a non-spinning twin session for the times
+other processes hold the cores). Models of one
 ``Runtime`` share one set of device workers.
 """
 

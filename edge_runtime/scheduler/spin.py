@@ -50,9 +50,8 @@ delays it; its run spins like any other.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-
 import threading
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
@@ -63,9 +62,11 @@ from edge_runtime.scheduler.config import SPIN_MODES
 
 __all__ = ["OTHERS_BUSY_MAX", "SPIN_DURATION_US", "SPIN_MODES", "TWIN_MAX_BYTES", "SpinSettings", "SpinSwitch",
            "spin_settings", "spinning_now"]
+
 # The longest one wait of a pool thread spins before sleeping, inside a run. Gaps between
 # the parallel sections of consecutive nodes are a few microseconds to tens of them; longer
-# waits are serial stretches of the calling thread, better given to the event loop.
+# waits are serial stretches of the calling thread, better given to the event loop. Chosen, not
+# tuned: in-process on the classifier, batch 8 cost 0.652 ms per row unbounded, 0.659 at 100 us.
 SPIN_DURATION_US = 100
 # Others' share of all cores above which runs go to the quiet twin: on 2 cores, half of one core
 # (a load generator beside the daemon stays under it; a second busy process does not).
