@@ -221,6 +221,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 shift = index % len(sides)  # a different side goes first in every round
                 rounds.append({name: measure() for name, measure in sides[shift:] + sides[:shift]})
         peak = {"edge": edge_rss.peak_mib, "kserve": kserve_rss.peak_mib if kserve_rss else None}
+        spin_after = {label: served_on(server).get("spin") for label, server in daemons.items()}
     finally:
         for server in (edge, edge_det, *variants.values()):
             server.stop()
@@ -229,6 +230,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     result = summarise(rounds, idle, peak, cls_body, det_body, sessions, cls_x, det_x, args.backend)
     result["served"] = served
     result["configurations"] = configurations(result, rounds, idle_cpu)
+    result["spin"] = spin_after  # per cls daemon: runs on the spinning session / its quiet twin, cost curve
     result["acceptance_batching"] = batching_acceptance(result)
     return result
 
@@ -312,7 +314,7 @@ def served_on(server: ServerProcess) -> dict[str, Any]:
     with urllib.request.urlopen(f"{server.url}/v2/models/{model}", timeout=10) as response:
         metadata = json.loads(response.read())["edge_runtime"]
     maps = Path(f"/proc/{server.process.pid}/maps").read_text()
-    return {"backend": metadata.get("backend"), "plans": metadata.get("plans"),
+    return {"backend": metadata.get("backend"), "plans": metadata.get("plans"), "spin": metadata.get("spin"),
             "gpu_driver_libraries": sorted({lib for lib in GPU_DRIVER_LIBRARIES if f"/{lib}" in maps})}
 
 
