@@ -27,7 +27,7 @@ async def test_batching_benchmark_reports_every_mode(tmp_path: Path, mlp_proto) 
         rt.close()
     row = report["mlp"]
     for clients in ("concurrency_16", "concurrency_1"):
-        assert set(row[clients]) == {"plain_onnxruntime", "no_batching", "batching", "batching_nospin"}
+        assert {"plain_onnxruntime", "no_batching", "batching", "batching_nospin"} <= set(row[clients])
         assert all(mode["throughput_rps"] > 0 and mode["n"] > 0 for mode in row[clients].values())
     assert set(row["concurrency_16"]["no_batching"]["batch_sizes"]) == {"1"}
     assert max(int(size) for size in row["concurrency_16"]["batching"]["batch_sizes"]) > 1
