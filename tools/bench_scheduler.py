@@ -214,7 +214,7 @@ async def _bench_batching(rt: Any, models: dict[str, Path], seconds: float, dela
                         if key not in best or entry["p50_ms"] < best[key]["p50_ms"]:
                             best[key] = entry
                     else:
-                        keep(key, entry, "rows_per_s" if "batch" in key else "throughput_rps")
+                        keep(key, entry, "rows_per_s" if key.startswith("ort_") else "throughput_rps")
             idle_cpu, idle_wall = time.process_time(), time.perf_counter()
             await asyncio.sleep(1.0)  # every scheduler alive, no requests
             idle_share = round((time.process_time() - idle_cpu) / (time.perf_counter() - idle_wall), 4)

@@ -22,7 +22,7 @@ async def test_batching_benchmark_reports_every_mode(tmp_path: Path, mlp_proto) 
     onnx.save(mlp_proto, str(path))
     rt = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", probe_opencl=False))
     try:
-        report = await bench_batching(rt, {"mlp": path}, seconds=0.2, delay_us=2000, rounds=1)
+        report = await bench_batching(rt, {"mlp": path}, seconds=0.1, delay_us=2000, rounds=2)
     finally:
         rt.close()
     row = report["mlp"]
