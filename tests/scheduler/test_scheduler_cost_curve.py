@@ -17,7 +17,7 @@ import numpy as np
 from edge_runtime.scheduler import BatchingConfig, DeviceWorkers, ModelScheduler, model_config
 from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching, measure_cost_curve
 from edge_runtime.scheduler.batching import BatchSizer
-from edge_runtime.scheduler.cost_curve import EXPLORE_EVERY, CostCurve
+from edge_runtime.scheduler.cost_curve import EXPLORE_EVERY, MIN_RUNS, CostCurve
 from scheduler_fakes import InstrumentedPlan, compile_on, ort_oracle, wait_until
 
 # Per-row ms of the PP-OCR classifier measured in the issue (2 cores, spinning threads).
@@ -33,14 +33,24 @@ def test_knee_is_the_smallest_size_within_the_margin_of_the_best() -> None:
 
 def test_cap_only_where_larger_batches_are_measured_dearer_per_row() -> None:
     assert CostCurve(16, OCR_CURVE).cap() is None  # 16 rows cost about what 8 do: no reason to stop at 8
+    assert CostCurve(16, {**OCR_CURVE, 16: 0.65}).cap() is None  # 14 % dearer: within the cap's margin
     assert CostCurve(16, {**OCR_CURVE, 16: 0.80}).cap() == 8
     curve = CostCurve(16, {1: 1.0})
     for _ in range(30):  # live runs move the EWMA towards what the runs take
         curve.observe(8, 8 * 0.5)
     assert abs(curve.per_row_ms()[8] - 0.5) < 1e-6 and curve.knee() == 8
+
+
+def test_a_size_seen_in_a_few_live_runs_only_decides_nothing() -> None:
+    curve = CostCurve(16, {1: 1.0})
+    for _ in range(MIN_RUNS - 1):  # a slow moment: 2-row runs look dearer per row than 1-row ones
+        curve.observe(2, 2 * 3.0)
+    assert curve.cap() is None and curve.knee() is None
+    curve.observe(2, 2 * 3.0)
+    assert curve.cap() == 1  # now it is known
     curve.observe(32, 1.0)  # beyond max_rows: ignored
-    curve.observe(2, 0.0)  # not a time: ignored
-    assert set(curve.per_row_ms()) == {1, 8}
+    curve.observe(4, 0.0)  # not a time: ignored
+    assert set(curve.per_row_ms()) == {1, 2}
 
 
 def test_sizer_is_ready_at_the_knee_and_takes_no_more_than_the_cap() -> None:
