@@ -139,6 +139,13 @@ class CompileOptions:
     # CPU thread pools busy-wait between ops by default; off when a scheduler shares the
     # cores with an event loop (spinning threads starve it on 2-4 cores).
     allow_spinning: bool = True
+    # With ``allow_spinning``: pool threads spin only while a run is in flight and stop the moment
+    # the last concurrent run returns (ONNX Runtime's ``session.force_spinning_stop``), so an idle
+    # model burns no core; a backend without that means does not spin at all.
+    spin_only_in_runs: bool = False
+    # With ``allow_spinning``: the longest a pool thread spins waiting for work before it sleeps
+    # (ONNX Runtime's ``session.intra_op.spin_duration_us``); 0: the library's default.
+    spin_duration_us: int = 0
 
 
 @runtime_checkable

@@ -58,8 +58,14 @@ class CPUBackend:
         sess_options = ort.SessionOptions()
         sess_options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         sess_options.inter_op_num_threads = 1
-        if not options.allow_spinning:
-            sess_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess_options.add_session_config_entry("session.intra_op.allow_spinning",
+                                              "1" if options.allow_spinning else "0")
+        if options.allow_spinning:
+            if options.spin_only_in_runs:
+                sess_options.add_session_config_entry("session.force_spinning_stop", "1")
+            if options.spin_duration_us > 0:
+                sess_options.add_session_config_entry("session.intra_op.spin_duration_us",
+                                                      str(int(options.spin_duration_us)))
         if options.intra_op_threads:
             sess_options.intra_op_num_threads = options.intra_op_threads
         source: bytes | str = model_bytes

@@ -144,7 +144,7 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
 
     # NOTE: ONNX Runtime's pool threads spin after a run; interleaved, they would take the cores
     # from the next candidate (PoCL's workers share them) and make whatever follows an ORT stage
-    # look up to 2x slower. Served sessions do not spin either (scheduler.factory.serving_options).
+    # look up to 2x slower. Served sessions do not spin between runs either (scheduler.spin).
     options = replace(options, allow_spinning=False)
 
     host = runtime.backend("cpu")

@@ -23,6 +23,17 @@ best of the rounds kept (this machine's speed drifts within a minute):
   with spinning off; each ratio's baseline is the better of the two in this run;
 * edge-runtime's RSS idle (models loaded, warmed up) and its peak under load; the peer's too.
 
+Configurations of the ``cls`` daemon (one daemon each, all measured in every round):
+``batched`` (the default: batching on, ``[scheduler] spin = "load"``), ``unbatched``
+(``max_batch_size = 0``) and ``batched_nospin`` (``spin = "never"``, what served sessions
+did before the spin policy). Per configuration: rows/s at c=16, its ratio to in-process
+ORT one request at a time, the batching gain (batched over unbatched), and the daemon's
+CPU share (CPU seconds per wall second from ``/proc/<pid>/stat``, 1.0 = one core) over a
+few idle seconds after warm-up and during its c=16 side. In-process ORT is also timed
+at its best batch (8 and 16 rows per run spinning, 16 without spinning): rows/s of the
+ceiling a batching server could reach in this process. ``spin`` gives each cls daemon's
+runs on its spinning session and on its quiet twin (``edge_runtime.spin`` metadata).
+
 Per-phase breakdown of the daemon's time (mean per request): ``queue`` and
 ``compute`` from each response's parameters, ``decode``/``encode`` by timing the
 same codec calls on the same bodies in this process, ``transport`` the rest
@@ -68,14 +79,21 @@ from cloud_peer import ServerProcess, free_port  # noqa: E402
 CLS_SHAPE, DET_SHAPE = (1, 3, 48, 192), (1, 3, 640, 640)
 CLS_CONFIG = '[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 1000\n[queue]\nmax_queue_size = 256\n'
 DET_CONFIG = ''
+# The cls daemon's configurations besides the default ("batched"): the issue's comparisons.
+CLS_VARIANTS = {
+    "unbatched": '[batching]\nmax_batch_size = 0\n[queue]\nmax_queue_size = 256\n',
+    "batched_nospin": '[scheduler]\nspin = "never"\n' + CLS_CONFIG,
+}
+IDLE_CPU_S = 3.0
 
 
 def build_repository(root: Path, backend: str = "auto") -> dict[str, Path]:
     """``only-cls/cls`` and ``only-det/det``; ``backend`` other than ``auto`` pins both."""
     pin = f'[serving]\nbackend = "{backend}"\n' if backend != "auto" else ""
     paths = {}
-    for name, kind, config in (("cls", "cls", CLS_CONFIG + pin), ("det", "det", DET_CONFIG + pin)):
-        folder = root / f"only-{name}" / name
+    variants = [(f"cls-{label}", "cls", text + pin) for label, text in CLS_VARIANTS.items()]
+    for name, kind, config in (("cls", "cls", CLS_CONFIG + pin), ("det", "det", DET_CONFIG + pin), *variants):
+        folder = root / f"only-{name}" / kind
         (folder / "1").mkdir(parents=True)
         target = folder / "1" / "model.onnx"
         target.write_bytes(ocr_model(kind).read_bytes())
@@ -135,6 +153,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     cls_x = rng.random(CLS_SHAPE, dtype=np.float32)
     det_x = rng.random(DET_SHAPE, dtype=np.float32)
+    paths = {name: path for name, path in paths.items() if name in ("cls", "det")}  # variants: same files
     sessions = {name: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
                 for name, path in paths.items()}
     # The same session without spinning pool threads: on a loaded box the faster of the two; the
@@ -148,18 +167,30 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     env = {"EDGE_RUNTIME_CACHE": str(tmp / "cache"), "EDGE_RUNTIME_THREADS": "0"}
     edge = ServerProcess.start(tmp / "repository" / "only-cls", tmp / "edge.log", timeout_s=120, env=env)
     edge_det = ServerProcess.start(tmp / "repository" / "only-det", tmp / "edge-det.log", timeout_s=120, env=env)
+    variants = {label: ServerProcess.start(tmp / "repository" / f"only-cls-{label}", tmp / f"edge-{label}.log",
+                                           timeout_s=120, env=env) for label in CLS_VARIANTS}
     kserve = KServePeer(args.kserve_python, paths["cls"], tmp / "kserve.log") if args.kserve_python else None
     cls_body = request_body("x", cls_x)
     det_body = request_body("x", det_x)
+    batches = {rows: np.repeat(cls_x, rows, axis=0) for rows in (8, 16)}
     warm = 1.0 if args.quick else 2.0
+    daemons = {"batched": edge, **variants}
     try:
         edge_rss, kserve_rss = RssSampler(edge.process.pid), RssSampler(kserve.process.pid) if kserve else None
-        for url, model, body in ((edge.url, "cls", cls_body), (edge_det.url, "det", det_body)):
+        for url, model, body in ((edge.url, "cls", cls_body), (edge_det.url, "det", det_body),
+                                 *((server.url, "cls", cls_body) for server in variants.values())):
             asyncio.run(closed_loop(url, model, body, 4 if model == "cls" else 1, warm))
         if kserve:
             asyncio.run(closed_loop(kserve.url, "cls", cls_body, 4, warm))
         idle = {"edge": edge_rss.rss_mib(), "kserve": kserve_rss.rss_mib() if kserve_rss else None}
+        idle_cpu = idle_cpu_share({label: server.process.pid for label, server in daemons.items()}, IDLE_CPU_S)
         served = {name: served_on(server) for name, server in (("cls", edge), ("det", edge_det))}
+
+        def c16(label: str) -> Any:
+            server = daemons[label]
+            return lambda: with_cpu_share(server.process.pid, lambda: asyncio.run(
+                closed_loop(server.url, "cls", cls_body, 16, args.duration_s)))
+
         rounds = []
         with contextlib.ExitStack() as samplers:
             for sampler in (edge_rss, kserve_rss):
@@ -167,16 +198,24 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     samplers.enter_context(sampler)
             for index in range(args.rounds):
                 sides: list[tuple[str, Any]] = [
-                    ("c16_edge", lambda: asyncio.run(closed_loop(edge.url, "cls", cls_body, 16, args.duration_s))),
+                    ("c16_edge", c16("batched")),
                     ("c16_ort", lambda: ort_loop(sessions["cls"], {"x": cls_x}, args.duration_s)),
+                    ("c16_edge_unbatched", c16("unbatched")),
                     ("c1_cls_edge", lambda: asyncio.run(closed_loop(edge.url, "cls", cls_body, 1, args.duration_s))),
                     ("c1_cls_ort", lambda: ort_loop(sessions["cls"], {"x": cls_x}, args.duration_s)),
+                    ("ort_batch8", lambda: rows_per_s(ort_loop(sessions["cls"], {"x": batches[8]},
+                                                               args.duration_s), 8)),
+                    ("c16_edge_batched_nospin", c16("batched_nospin")),
                     ("c1_det_shm", lambda: shm_loop(edge_det.url, "det", det_x, args.det_duration_s)),
                     ("c1_det_binary", lambda: asyncio.run(closed_loop(edge_det.url, "det", det_body, 1,
                                                                       args.det_duration_s))),
                     ("c1_det_ort", lambda: ort_loop(sessions["det"], {"x": det_x}, args.det_duration_s)),
                     ("c16_ort_nospin", lambda: ort_loop(calm["cls"], {"x": cls_x}, args.duration_s)),
+                    ("ort_batch16", lambda: rows_per_s(ort_loop(sessions["cls"], {"x": batches[16]},
+                                                                args.duration_s), 16)),
                     ("c1_cls_ort_nospin", lambda: ort_loop(calm["cls"], {"x": cls_x}, args.duration_s)),
+                    ("ort_nospin_batch16", lambda: rows_per_s(ort_loop(calm["cls"], {"x": batches[16]},
+                                                                       args.duration_s), 16)),
                     ("c1_det_ort_nospin", lambda: ort_loop(calm["det"], {"x": det_x}, args.det_duration_s)),
                 ]
                 if kserve:
@@ -185,14 +224,87 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 shift = index % len(sides)  # a different side goes first in every round
                 rounds.append({name: measure() for name, measure in sides[shift:] + sides[:shift]})
         peak = {"edge": edge_rss.peak_mib, "kserve": kserve_rss.peak_mib if kserve_rss else None}
+        spin_after = {label: served_on(server).get("spin") for label, server in daemons.items()}
     finally:
-        edge.stop()
-        edge_det.stop()
+        for server in (edge, edge_det, *variants.values()):
+            server.stop()
         if kserve:
             kserve.stop()
     result = summarise(rounds, idle, peak, cls_body, det_body, sessions, cls_x, det_x, args.backend)
     result["served"] = served
+    result["configurations"] = configurations(result, rounds, idle_cpu)
+    result["spin"] = spin_after  # per cls daemon: runs on the spinning session / its quiet twin, cost curve
+    result["acceptance_batching"] = batching_acceptance(result)
     return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, every thread (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def idle_cpu_share(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """CPU seconds per wall second of each process over ``seconds`` of no requests (1.0 = one core)."""
+    before, started = {label: cpu_seconds(pid) for label, pid in pids.items()}, time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - started
+    return {label: round((cpu_seconds(pid) - before[label]) / wall, 4) for label, pid in pids.items()}
+
+
+def with_cpu_share(pid: int, measure: Any) -> dict[str, Any]:
+    """``measure()``'s result with the daemon's CPU share while it ran (``cpu_share``, 1.0 = one core)."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    result = measure()
+    result["cpu_share"] = round((cpu_seconds(pid) - before) / (time.monotonic() - started), 3)
+    return result
+
+
+def rows_per_s(result: dict[str, Any], rows: int) -> dict[str, Any]:
+    result["rows_per_s"] = round(result["rps"] * rows, 1)
+    return result
+
+
+def configurations(result: dict[str, Any], rounds: list[dict[str, Any]],
+                   idle_cpu: dict[str, float]) -> dict[str, Any]:
+    """Per cls daemon configuration: rows/s at c=16 (its best round), ratios, CPU share idle and loaded.
+
+    The in-process baseline is ORT one request at a time, the better of its spinning and
+    non-spinning sessions (``c16_ort_best``); ``ort_best_batch`` is its best batch's rows/s."""
+    one_at_a_time = result["c16_ort_best"]["rps"]
+    best_batch = max((best(rounds, key, "rows_per_s", lower=False)
+                      for key in ("ort_batch8", "ort_batch16", "ort_nospin_batch16")),
+                     key=lambda entry: entry["rows_per_s"])
+    kserve = result.get("c16_kserve", {}).get("rps")
+    sides = {"batched": "c16_edge", "unbatched": "c16_edge_unbatched", "batched_nospin": "c16_edge_batched_nospin"}
+    table: dict[str, Any] = {"ort_one_at_a_time_rows_per_s": one_at_a_time,
+                             "ort_best_batch_rows_per_s": best_batch["rows_per_s"]}
+    unbatched = best(rounds, "c16_edge_unbatched", "rps", lower=False)["rps"]
+    for label, key in sides.items():
+        entry = best(rounds, key, "rps", lower=False)
+        table[label] = {
+            "rows_per_s": entry["rps"], "p50_ms": entry["p50_ms"], "server_us": entry.get("server_us"),
+            "vs_ort_one_at_a_time": round(entry["rps"] / one_at_a_time, 2),
+            "vs_ort_best_batch": round(entry["rps"] / best_batch["rows_per_s"], 2),
+            "vs_kserve": round(entry["rps"] / kserve, 2) if kserve else None,
+            "batching_gain": round(entry["rps"] / unbatched, 2),
+            "cpu_share_idle": idle_cpu.get(label), "cpu_share_loaded": entry.get("cpu_share"),
+        }
+    return table
+
+
+def batching_acceptance(result: dict[str, Any]) -> dict[str, bool]:
+    """The dynamic-batching issue's figures on this run."""
+    table = result["configurations"]
+    batched, unbatched = table["batched"], table["unbatched"]
+    return {
+        "c16_batched_at_least_1.3x_ort": batched["vs_ort_one_at_a_time"] >= 1.3,
+        "batching_gain_at_least_1.5x": batched["batching_gain"] >= 1.5,
+        "unbatched_at_least_0.85x_ort": unbatched["vs_ort_one_at_a_time"] >= 0.85,
+        "c16_at_least_8x_kserve": batched["vs_kserve"] is not None and batched["vs_kserve"] >= 8.0,
+        "c1_cls_within_0.5_ms": result["ratios"]["c1_cls_overhead_ms"] <= 0.5,
+        "idle_cpu_at_most_2_percent_core": (batched["cpu_share_idle"] or 0.0) <= 0.02,
+    }
 
 
 GPU_DRIVER_LIBRARIES = ("libpocl", "libLLVM", "libclang", "libOpenCL", "libvulkan")
@@ -202,18 +314,18 @@ def served_on(server: ServerProcess) -> dict[str, Any]:
     """Where the daemon runs its model (its metadata) and which GPU driver libraries it maps."""
     import urllib.request
 
-    model = "cls" if "only-cls" in str(server.repository) else "det"
+    model = "det" if "only-det" in str(server.repository) else "cls"
     with urllib.request.urlopen(f"{server.url}/v2/models/{model}", timeout=10) as response:
         metadata = json.loads(response.read())["edge_runtime"]
     maps = Path(f"/proc/{server.process.pid}/maps").read_text()
-    return {"backend": metadata.get("backend"), "plans": metadata.get("plans"),
+    return {"backend": metadata.get("backend"), "plans": metadata.get("plans"), "spin": metadata.get("spin"),
             "gpu_driver_libraries": sorted({lib for lib in GPU_DRIVER_LIBRARIES if f"/{lib}" in maps})}
 
 
 def summarise(rounds: list[dict[str, Any]], idle: dict, peak: dict, cls_body: Any, det_body: Any,
               sessions: dict, cls_x: np.ndarray, det_x: np.ndarray, backend: str = "auto") -> dict[str, Any]:
     result: dict[str, Any] = {"rounds": len(rounds), "cores": os.cpu_count(), "backend": backend}
-    for key in ("c16_edge", "c16_kserve", "c16_ort", "c16_ort_nospin"):
+    for key in ("c16_edge", "c16_edge_unbatched", "c16_kserve", "c16_ort", "c16_ort_nospin"):
         if any(key in r for r in rounds):
             result[key] = best(rounds, key, "rps", lower=False)
     for key in ("c1_cls_edge", "c1_cls_ort", "c1_cls_ort_nospin", "c1_det_shm", "c1_det_binary", "c1_det_ort",

@@ -180,10 +180,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5))
-    names = [n for n in ("c16_edge", "c16_kserve", "c16_ort_best") if n in result]
-    labels = {"c16_edge": "edge-runtime\n(batching)", "c16_kserve": "KServe\nModelServer",
-              "c16_ort_best": "ORT in-process\none at a time"}
-    left.bar([labels[n] for n in names], [result[n]["rps"] for n in names], color=["C0", "C1", "C2"][:len(names)])
+    names = [n for n in ("c16_edge", "c16_edge_unbatched", "c16_kserve", "c16_ort_best") if n in result]
+    labels = {"c16_edge": "edge-runtime\n(batching)", "c16_edge_unbatched": "edge-runtime\n(unbatched)",
+              "c16_kserve": "KServe\nModelServer", "c16_ort_best": "ORT in-process\none at a time"}
+    left.bar([labels[n] for n in names], [result[n]["rps"] for n in names],
+             color=["C0", "C4", "C1", "C2"][:len(names)])
     left.set_ylabel("requests/s, cls, concurrency 16")
     c1 = [("cls ORT", "c1_cls_ort_best"), ("cls HTTP", "c1_cls_edge"), ("det ORT", "c1_det_ort_best"),
           ("det shm", "c1_det_shm"), ("det HTTP", "c1_det_binary")]

@@ -76,8 +76,11 @@ class NcnnBackend:
         if not_float or any(not s.shape for s in inputs):
             raise BackendUnavailableError(f"{self.name}: ncnn takes float32 inputs with a batch axis; "
                                           f"got {not_float or [s.to_dict() for s in inputs]}")
+        # ncnn has no per-run stop (its OpenMP threads spin ~20 ms after each run): a policy that
+        # wants spinning only within runs gets none.
         net_options = NetOptions(cpu_threads(options.intra_op_threads), options.precision,
-                                 vulkan_device_index() if self.vulkan else None, options.allow_spinning)
+                                 vulkan_device_index() if self.vulkan else None,
+                                 options.allow_spinning and not options.spin_only_in_runs)
         cache_dir = options.cache_dir or self._cache_dir
         if cache_dir is None:  # conversion needs a disk folder even when caching is off
             cache_dir = Path(tempfile.mkdtemp(prefix="edge-runtime-ncnn-"))

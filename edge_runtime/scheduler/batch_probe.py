@@ -13,11 +13,16 @@ experiment is deferred to the first request (``deferred``: batching stays off un
 ``probe_served`` has run at that request's shapes, off its critical path).
 
 ``BatchingDecision`` (enabled, reason, max_batch_size) is what the scheduler serves
-by and what the model's metadata reports as ``edge_runtime.batching``.
+by and what the model's metadata reports as ``edge_runtime.batching``. Where batching
+is enabled at load, ``measure_cost_curve`` also times a run at 1, 2, 4, ... rows (up to
+``max_batch_size``, within a small time budget) so the batcher knows the per-row cost
+curve from the first request (``cost_curve.py``); a deferred decision learns it live.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
@@ -30,6 +35,8 @@ from edge_runtime.served_shapes import ShapeSet, served_shapes
 
 _RTOL, _ATOL = 1e-3, 1e-4  # fp32: batched kernels may sum in another order; atol scales with |output|
 _SEED = 20240611
+COST_BUDGET_S = 0.5  # load time spent on the cost curve at most (plus the run that crosses it)
+COST_REPEATS = 3
 
 Run = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 AsyncRun = Callable[[Mapping[str, np.ndarray]], Awaitable[Mapping[str, np.ndarray]]]
@@ -44,10 +51,13 @@ class BatchingDecision:
     reason: str
     max_batch_size: int = 0
     deferred: bool = False  # the experiment waits for the first request's shapes (batching off meanwhile)
+    cost_ms_per_row: tuple[tuple[int, float], ...] = ()  # measured at load: (rows, ms per row)
 
     def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "reason": self.reason,
-                "max_batch_size": self.max_batch_size if self.enabled else 1, "deferred": self.deferred}
+                "max_batch_size": self.max_batch_size if self.enabled else 1, "deferred": self.deferred,
+                **({"cost_ms_per_row": {str(r): ms for r, ms in self.cost_ms_per_row}}
+                   if self.cost_ms_per_row else {})}
 
 
 def declared_batch_dim(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str | None:
@@ -90,7 +100,34 @@ def decide_batching(config: BatchingConfig, inputs: Sequence[TensorSpec], output
         joined = run(pair)
     except (EdgeRuntimeError, ValueError, RuntimeError) as exc:
         return verdict(config, f"probe: two rows joined fail to run ({str(exc)[:200]})")
-    return verdict(config, _compare(joined, alone))
+    decision = verdict(config, _compare(joined, alone))
+    if not decision.enabled:
+        return decision
+    return dataclasses.replace(decision, cost_ms_per_row=measure_cost_curve(run, inputs, served[0],
+                                                                             config.max_batch_size))
+
+
+def measure_cost_curve(run: Run, inputs: Sequence[TensorSpec], shapes: ShapeSet, max_rows: int,
+                       budget_s: float = COST_BUDGET_S) -> tuple[tuple[int, float], ...]:
+    """ms per row of ``run`` at 1, 2, 4, ... ``max_rows`` rows (best of a few runs each; a warm-up run
+    first), stopping at the size where ``budget_s`` runs out; a size that fails to run ends it."""
+    sizes = sorted({min(max_rows, 1 << k) for k in range(max(1, max_rows).bit_length() + 1)})
+    curve: list[tuple[int, float]] = []
+    stop_at = time.monotonic() + budget_s
+    for rows in sizes:
+        feeds = _sample(inputs, rows=rows, shapes=shapes)
+        times = []
+        try:
+            for _ in range(1 + COST_REPEATS):  # the first is a warm-up (arena growth at a new shape)
+                started = time.perf_counter()
+                run(feeds)
+                times.append(time.perf_counter() - started)
+        except (EdgeRuntimeError, ValueError, RuntimeError):
+            break
+        curve.append((rows, round(min(times[1:]) * 1e3 / rows, 4)))
+        if time.monotonic() > stop_at:
+            break
+    return tuple(curve)
 
 
 async def probe_served(config: BatchingConfig, inputs: Sequence[TensorSpec], shapes: ShapeSet,

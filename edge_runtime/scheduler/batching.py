@@ -15,9 +15,14 @@ and every request gets its own copy (never a view into another's data).
 * otherwise ready when the waiting rows reach the current limit or the largest
   preferred size under it, or ``max_queue_delay_us`` after the oldest request
   arrived, taking what is there;
+* also ready when the waiting rows reach the *knee* of the measured cost curve
+  (``cost_curve.py``: the smallest batch size whose per-row cost is within 10 % of
+  the best measured): past it a batch saves little, so it stops waiting for company;
 * it takes the longest run of requests (in priority order) whose rows sum to a
   preferred size, else the longest that fits the limit (a request larger than
-  the limit runs alone);
+  the limit runs alone); the limit is lowered to the curve's ``cap`` where larger
+  batches were measured dearer per row. A deep queue is drained in batches of the
+  limit, one after the other, by the device worker that just finished a run;
 * adaptive sizing (only with ``latency_target_ms`` > 0) is AIMD on the limit:
   a run whose compute time exceeds the target halves the limit
   (multiplicative decrease), a full batch under the target raises it by one
@@ -36,6 +41,7 @@ import numpy as np
 
 from edge_runtime.errors import BackendError
 from edge_runtime.scheduler.config import BatchingConfig
+from edge_runtime.scheduler.cost_curve import EXPLORE_EVERY, CostCurve
 
 
 def request_rows(feeds: Mapping[str, np.ndarray]) -> int | None:
@@ -74,29 +80,44 @@ def split_outputs(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> lis
 
 
 class BatchSizer:
-    """Batch readiness, batch composition and the AIMD limit (see the module docstring)."""
+    """Batch readiness, batch composition and the AIMD limit (see the module docstring).
 
-    def __init__(self, config: BatchingConfig) -> None:
+    ``cost_ms_per_row``: the load-time measurement of the cost curve (rows -> ms per row), if any.
+    """
+
+    def __init__(self, config: BatchingConfig, cost_ms_per_row: Mapping[int, float] | None = None) -> None:
         self.max_rows = max(1, config.max_batch_size)
         self.preferred = tuple(sorted(set(config.preferred_batch_sizes)))
         self.latency_target_ms = config.latency_target_ms
         self.limit = self.max_rows
+        self.curve = CostCurve(self.max_rows, cost_ms_per_row)
+        self._runs = 0
 
     def _preferred_ceiling(self) -> int | None:
         fitting = [size for size in self.preferred if size <= self.limit]
         return fitting[-1] if fitting else None
 
+    def effective_limit(self) -> int:
+        """The AIMD limit, lowered to the cost curve's cap (lifted for one batch in ``EXPLORE_EVERY``)."""
+        cap = self.curve.cap()
+        if cap is None or self._runs % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            return self.limit
+        return max(1, min(self.limit, cap))
+
     def ready(self, waiting_rows: int) -> bool:
         """Whether ``waiting_rows`` compatible rows make a batch worth sending without waiting longer."""
         ceiling = self._preferred_ceiling()
-        return waiting_rows >= self.limit or (ceiling is not None and waiting_rows >= ceiling)
+        knee = self.curve.knee()
+        return (waiting_rows >= self.effective_limit() or (ceiling is not None and waiting_rows >= ceiling)
+                or (knee is not None and waiting_rows >= knee))
 
     def take(self, rows: Sequence[int]) -> int:
         """How many of the waiting requests (rows in priority order) the next batch takes (>= 1)."""
+        limit = self.effective_limit()
         fitting, total = 0, 0
         preferred_cut = 0
         for count, size in enumerate(rows, start=1):
-            if total + size > self.limit:
+            if total + size > limit:
                 break
             total += size
             fitting = count
@@ -105,7 +126,9 @@ class BatchSizer:
         return max(1, preferred_cut or fitting)
 
     def observe(self, rows: int, compute_ms: float) -> None:
-        """AIMD step after a run of ``rows`` rows; no-op without a latency target."""
+        """Learn from a run of ``rows`` rows: the cost curve, and the AIMD step with a latency target."""
+        self._runs += 1
+        self.curve.observe(rows, compute_ms)
         if self.latency_target_ms <= 0:
             return
         if compute_ms > self.latency_target_ms:

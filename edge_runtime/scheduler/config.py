@@ -7,6 +7,7 @@ gpu_busy_threshold = 0.7   # threshold policy
 plan = "cpu"               # fixed policy
 explore_fraction = 0.05    # cost policy: share of decisions that re-try another plan
 seed = 0                   # cost policy: exploration RNG seed (decisions are reproducible)
+spin = "load"              # CPU pool threads spin while a run is in flight | "never" | "always" (spin.py)
 [batching]
 max_batch_size = 16        # rows per run; 0 or 1 = off
 max_queue_delay_us = 2000  # how long the first request of a batch may wait for company
@@ -31,6 +32,7 @@ from edge_runtime.config import from_mapping, load_toml
 from edge_runtime.errors import ConfigError
 
 POLICIES = ("threshold", "cost", "fixed")
+SPIN_MODES = ("load", "never", "always")  # scheduler.spin: when CPU pool threads may busy-wait
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,13 @@ class SchedulerConfig:
     plan: str = "auto"  # fixed policy: a plan name; "auto" = the model's default plan
     explore_fraction: float = 0.05  # cost policy: share of requests that re-try another plan
     seed: int = 0  # cost policy: exploration RNG seed, so decisions are reproducible
+    spin: str = "load"  # when the model's CPU pool threads may busy-wait (scheduler.spin)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"[scheduler] policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.spin not in SPIN_MODES:
+            raise ConfigError(f"[scheduler] spin must be one of {SPIN_MODES}, got {self.spin!r}")
         if not 0.0 <= self.gpu_busy_threshold <= 1.0:
             raise ConfigError(f"[scheduler] gpu_busy_threshold must be in [0, 1], got {self.gpu_busy_threshold}")
         if not 0.0 <= self.explore_fraction <= 1.0:

@@ -24,7 +24,10 @@ plan, maps the GPU driver (PoCL, LLVM, libclang: ~100 MiB resident) into a
 daemon whose models all run on the CPU.
 
 CPU plans are compiled with the intra-op threads of ``workers.cpu_split``, so
-the cpu worker's concurrent runs never oversubscribe the cores. Models of one
+the cpu worker's concurrent runs never oversubscribe the cores, and with the
+model's spin policy (``[scheduler] spin``, ``spin.py``: under ``load``, a small model
+served with a load monitor also gets a non-spinning twin session for the times
+other processes hold the cores). Models of one
 ``Runtime`` share one set of device workers.
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
+from pathlib import Path
 from typing import Any, Mapping
 
 from backends.base import CompileOptions
@@ -50,6 +54,7 @@ from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
 from edge_runtime.scheduler.recheck import candidate_plans, plan_recheck
 from edge_runtime.scheduler.scheduler import ModelScheduler
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
+from edge_runtime.scheduler.spin import TWIN_MAX_BYTES, SpinSwitch, spin_settings
 from edge_runtime.scheduler.workers import DeviceWorkers
 
 log = logging.getLogger(__name__)
@@ -83,30 +88,36 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     owned: list[Any] = []
     own = model
     compiled = model.options
+    spin = spin_settings(config.scheduler.spin)
     if model.backend == "cpu" and (compiled is None or compiled.intra_op_threads != threads
-                                   or compiled.allow_spinning):
-        own = _load(runtime, model, "cpu", threads)  # re-split the cores for concurrent runs; never spin
+                                   or not spin.matches(compiled)):
+        # Re-split the cores for concurrent runs; spin by the model's spin policy (spin.py).
+        own = _load(runtime, model, "cpu", threads, config)
         owned.append(own)
     plans[model.backend] = model_plan(model.backend, own)
+    switch = _spin_switch(runtime, model, own, config, threads, monitor)
+    if switch is not None:
+        owned.append(switch.quiet_model)
+        plans[model.backend] = dataclasses.replace(plans[model.backend], call=switch)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
     if config.scheduler.policy == "fixed" and wanted == "auto":  # auto-core: auto's candidates, re-checked live
-        candidates, compiled = candidate_plans(runtime, model, _serving(runtime, threads))
+        candidates, compiled = candidate_plans(runtime, model, _serving(runtime, threads, config))
         plans.update(candidates)
         owned.extend(compiled)
     if needs_more and _is_onnx(model):
         worth = _worth_keeping(model)
         if "cpu" not in plans and "cpu" in worth and runtime.availability("cpu").ok:
-            cpu = _load(runtime, model, "cpu", threads)
+            cpu = _load(runtime, model, "cpu", threads, config)
             owned.append(cpu)
             plans["cpu"] = model_plan("cpu", cpu)
         if not any(name in GPU_BACKENDS for name in plans) and "gpu" in worth:
-            gpu = _first_gpu_model(runtime, model, threads)
+            gpu = _first_gpu_model(runtime, model, threads, config)
             if gpu is not None:
                 owned.append(gpu)
                 plans["gpu"] = model_plan("gpu", gpu)
         if "hybrid" not in (extra_plans or {}) and "hybrid" in worth:
-            hybrid = _hybrid_plan(runtime, model, threads)
+            hybrid = _hybrid_plan(runtime, model, threads, config)
             if hybrid is not None:
                 owned.append(hybrid)
                 plans["hybrid"] = hybrid
@@ -115,7 +126,8 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     try:
         scheduler = ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
                                    workers=workers, default_plan=model.backend, owned=owned, batching=batching,
-                                   recheck=plan_recheck(model.name, config, plans, model.backend))
+                                   recheck=plan_recheck(model.name, config, plans, model.backend),
+                                   spin_switch=switch)
     except ConfigError:
         for extra in owned:
             extra.close()
@@ -123,6 +135,27 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     if batching.deferred:
         _defer_batching(scheduler, model, config, model.backend)
     return scheduler
+
+
+def _spin_switch(runtime: Any, model: Any, own: Any, config: ModelConfig, threads: int,
+                 monitor: LoadMonitor | None) -> SpinSwitch | None:
+    """The ``load`` spin policy's quiet twin of the model's own cpu session and the switch between
+    them (``spin.py``), where there is a monitor to read the host's load and the model is small."""
+    if model.backend != "cpu" or config.scheduler.spin != "load" or monitor is None or not _is_onnx(model):
+        return None
+    try:
+        size = Path(model.path).stat().st_size
+    except OSError:
+        return None
+    if size > TWIN_MAX_BYTES:
+        log.info("model %s: no quiet twin session (%d MiB > %d MiB): it spins within runs whatever the load",
+                 model.name, size >> 20, TWIN_MAX_BYTES >> 20)
+        return None
+    quiet = runtime.load(model.path, name=model.name, backend="cpu",
+                         options=spin_settings("never").apply(_serving(runtime, threads, config)))
+    switch = SpinSwitch(own._run_validated, quiet._run_validated, lambda: monitor.reading)
+    switch.quiet_model = quiet
+    return switch
 
 
 def _worth_keeping(model: Any) -> frozenset[str]:
@@ -179,26 +212,28 @@ def _is_onnx(model: Any) -> bool:
     return str(model.path).lower().endswith(".onnx")
 
 
-def serving_options(runtime: Any) -> CompileOptions:
-    """Compile options for served models: the cpu worker's intra-op threads, and no spinning.
+def serving_options(runtime: Any, config: ModelConfig | None = None) -> CompileOptions:
+    """Compile options for served models: the cpu worker's intra-op threads, and the spin policy of
+    ``config`` (default ``load``: pool threads spin only while a run is in flight, ``spin.py``).
 
     NOTE: ONNX Runtime's pool threads spin between runs by default, burning a core of a
-    small device that the event loop and other models need; a served session waits for
-    its next request, so it never spins.
+    small device that the event loop and other models need; a served session's threads
+    stop spinning when its last run returns.
     """
     threads = runtime_workers(runtime).cpu.intra_op_threads
-    return dataclasses.replace(runtime.compile_options(), intra_op_threads=threads, allow_spinning=False)
+    spin = spin_settings(config.scheduler.spin if config is not None else "load")
+    return spin.apply(dataclasses.replace(runtime.compile_options(), intra_op_threads=threads))
 
 
-def _serving(runtime: Any, threads: int) -> CompileOptions:
-    return dataclasses.replace(serving_options(runtime), intra_op_threads=threads)
+def _serving(runtime: Any, threads: int, config: ModelConfig | None) -> CompileOptions:
+    return dataclasses.replace(serving_options(runtime, config), intra_op_threads=threads)
 
 
-def _load(runtime: Any, model: Any, backend: str, threads: int) -> Any:
-    return runtime.load(model.path, name=model.name, backend=backend, options=_serving(runtime, threads))
+def _load(runtime: Any, model: Any, backend: str, threads: int, config: ModelConfig | None) -> Any:
+    return runtime.load(model.path, name=model.name, backend=backend, options=_serving(runtime, threads, config))
 
 
-def _hybrid_plan(runtime: Any, model: Any, threads: int) -> Any | None:
+def _hybrid_plan(runtime: Any, model: Any, threads: int, config: ModelConfig | None) -> Any | None:
     """The partitioner's ``hybrid`` plan (accelerator and host stages), or None (logged) where it
     keeps the whole model on one backend or no accelerator is usable."""
     if runtime.accelerator() is None:
@@ -209,13 +244,13 @@ def _hybrid_plan(runtime: Any, model: Any, threads: int) -> Any | None:
         if len({stage.backend for stage in layout.partition.stages}) < 2:
             log.info("model %s: no hybrid plan: the partitioner keeps every node on one backend", model.name)
             return None
-        return planner.compile(layout, dataclasses.replace(serving_options(runtime), intra_op_threads=threads))
+        return planner.compile(layout, _serving(runtime, threads, config))
     except (BackendUnavailableError, BackendError, ModelLoadError, InvalidInputError) as exc:
         log.info("model %s: no hybrid plan: %s", model.name, exc)
         return None
 
 
-def _first_gpu_model(runtime: Any, model: Any, threads: int) -> Any | None:
+def _first_gpu_model(runtime: Any, model: Any, threads: int, config: ModelConfig | None) -> Any | None:
     for backend in runtime.backend_order():
         if backend not in GPU_BACKENDS:
             continue
@@ -224,7 +259,7 @@ def _first_gpu_model(runtime: Any, model: Any, threads: int) -> Any | None:
             log.info("model %s: no %s plan: %s", model.name, backend, availability.reason)
             continue
         try:
-            return _load(runtime, model, backend, threads)
+            return _load(runtime, model, backend, threads, config)
         except (BackendUnavailableError, BackendError, ModelLoadError, InvalidInputError) as exc:
             log.info("model %s: no %s plan: %s", model.name, backend, exc)
     return None

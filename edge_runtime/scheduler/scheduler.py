@@ -44,6 +44,7 @@ from edge_runtime.scheduler.queue import RequestQueue
 from edge_runtime.scheduler.recheck import PlanRecheck
 from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY, ShapeJob, ShapeJobs
+from edge_runtime.scheduler.spin import SpinSwitch, spinning_now
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
 
@@ -63,7 +64,8 @@ class ModelScheduler:
     only the inputs are checked; ``batching`` (the load-time experiment's
     decision, ``batch_probe.py``) overrides that check. ``default_plan`` is what
     ``plan = "auto"`` means.
-    ``owned`` objects (models compiled for extra plans) are closed by ``close()``.
+    ``owned`` objects (models compiled for extra plans) are closed by ``close()``. ``spin_switch``:
+    the cpu plan's switch between its spinning session and a quiet twin (``spin.py``), for stats.
     """
 
     def __init__(self, name: str, inputs: list[TensorSpec], plans: Mapping[str, Plan],
@@ -72,7 +74,7 @@ class ModelScheduler:
                  monitor: LoadMonitor | None = None, workers: DeviceWorkers | None = None,
                  policy: Policy | None = None, default_plan: str | None = None,
                  owned: Sequence[Any] = (), batching: BatchingDecision | None = None,
-                 recheck: PlanRecheck | None = None) -> None:
+                 recheck: PlanRecheck | None = None, spin_switch: SpinSwitch | None = None) -> None:
         if not plans:
             raise ValueError("a scheduler needs at least one plan")
         self.name = name
@@ -81,6 +83,7 @@ class ModelScheduler:
         self.config = config
         self.policy = policy or make_policy(config.scheduler, self.plans, default_plan)
         self.recheck = recheck  # abandons the served plan for a candidate measured faster (recheck.py)
+        self.spin_switch = spin_switch  # the cpu plan's spinning session or quiet twin, per run (spin.py)
         self._chooser = choose_plan
         self._monitor = monitor
         self._own_workers = workers is None
@@ -91,7 +94,7 @@ class ModelScheduler:
         # Without a load-time decision (tests, tools), the declared shapes decide.
         self.batching_decision = batching or decide_batching(config.batching, self.inputs, outputs or [], None)
         self.batching = self.batching_decision.enabled
-        self._sizer = BatchSizer(config.batching)
+        self._sizer = BatchSizer(config.batching, dict(self.batching_decision.cost_ms_per_row))
         self._delay_s = config.batching.max_queue_delay_us / 1e6
         self.counters: Counter[str] = Counter()
         self._queue = RequestQueue(name, config.queue.max_queue_size, self.counters)
@@ -397,12 +400,20 @@ class ModelScheduler:
         batch size, ``explored`` exploring decisions, ``fallbacks`` and
         ``fallback:<plan>`` requests re-run on cpu, ``rejected_queue_full``,
         ``deadline_exceeded``, ``failures``, ``success``. Also ``pending``,
-        ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit)
-        and ``estimates_ms`` (cost policy: learned unloaded ms per row per plan).
+        ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit),
+        ``estimates_ms`` (cost policy: learned unloaded ms per row per plan), ``spinning``
+        (whether the spin policy lets the model's CPU pool threads spin now, ``spin.py``),
+        ``spin_runs`` (runs on the spinning session and on its quiet twin, where it has one),
+        ``cost_ms_per_row`` (the batcher's measured cost curve) and ``batch_knee`` (its knee).
         """
         with self._lock:
             return {"pending": self.pending, "in_flight": self.in_flight, "policy": self.policy.name,
                     "batching": self.batching, "batch_limit": self._sizer.limit if self.batching else 1,
-                    "estimates_ms": self.policy.estimates_ms(), **dict(self.counters),
+                    "estimates_ms": self.policy.estimates_ms(),
+                    "spinning": spinning_now(self.config.scheduler.spin, self.in_flight)
+                    and (self.spin_switch is None or self.spin_switch.spin_now()),
+                    **({"spin_runs": dict(self.spin_switch.runs)} if self.spin_switch is not None else {}),
+                    "cost_ms_per_row": self._sizer.curve.per_row_ms(), "batch_knee": self._sizer.curve.knee(),
+                    **dict(self.counters),
                     **({"recheck": self.recheck.snapshot()} if self.recheck is not None else {})}
 

@@ -12,10 +12,20 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
 from edge_runtime.server.config import Settings, load_settings
 
 log = logging.getLogger(__name__)
+
+# How long a thread may hold the GIL while another waits for it. The event loop and the device
+# workers share the GIL: a worker whose ORT run just returned needs it to split the outputs and
+# take the next batch, and a busy loop (parsing requests at concurrency 16) only hands it over
+# when CPython's switch interval forces it (5 ms by default: the loop's own brief releases in
+# select() are taken back before the waiting worker wakes). Measured on 2 cores (PP-OCR cls,
+# c=16, two interleaved A/B runs on a loaded machine): 228 / 243 req/s at 5 ms, 274 / 425 at
+# 0.5 ms, the batch's compute 28.5 -> 17.2 ms for ~9 rows.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def main(args: argparse.Namespace) -> int:
@@ -24,6 +34,7 @@ def main(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(str(args.log_level).upper())
     overrides = {"host": args.host, "port": args.port, "model_repository": args.model_repository}
     settings = load_settings(args.config, overrides)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return asyncio.run(serve(settings))
     except OSError as exc:  # port taken, address not available

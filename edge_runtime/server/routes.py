@@ -104,7 +104,8 @@ async def model_metadata(request: web.Request) -> web.Response:
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
                          "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
                          "cloud_mode": target.dispatcher.cloud.mode,
-                         "batching": _batching(target), "auto_decision": _auto_decision(target)},
+                         "batching": _batching(target), "auto_decision": _auto_decision(target),
+                         "spin": _spin(target)},
     })
 
 
@@ -123,6 +124,18 @@ def _batching(target: LoadedVersion) -> dict[str, Any]:
     if scheduler is None:
         return {"enabled": False, "reason": "served by the cloud alone", "max_batch_size": 1}
     return scheduler.batching_decision.to_dict()
+
+
+def _spin(target: LoadedVersion) -> dict[str, Any] | None:
+    """The spin policy (``scheduler/spin.py``): its mode, runs on the spinning session and its quiet
+    twin, and the batcher's live cost curve (ms per row by batch size)."""
+    scheduler = target.scheduler
+    if scheduler is None:
+        return None
+    stats = scheduler.stats()
+    return {"mode": scheduler.config.scheduler.spin, "runs": stats.get("spin_runs"),
+            "cost_ms_per_row": {str(rows): ms for rows, ms in (stats.get("cost_ms_per_row") or {}).items()},
+            "batch_knee": stats.get("batch_knee")}
 
 
 async def model_ready(request: web.Request) -> web.Response:

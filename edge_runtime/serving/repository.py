@@ -324,7 +324,8 @@ class ModelRepository:
             return generative_version(name, version, path.parent, config, serving, self.runtime, services,
                                       self.budget, self.memory.footprint_factor)
         try:
-            model = self.runtime.load(path, name=name, backend=serving.backend, options=serving_options(self.runtime),
+            model = self.runtime.load(path, name=name, backend=serving.backend,
+                                      options=serving_options(self.runtime, config),
                                       input_shapes=_configured_shapes(config))
         except CANNOT_LOAD_HERE as exc:
             # build_dispatcher re-raises exc unless the model's [cloud] section lets the peer answer alone.

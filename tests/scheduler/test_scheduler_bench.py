@@ -22,14 +22,18 @@ async def test_batching_benchmark_reports_every_mode(tmp_path: Path, mlp_proto) 
     onnx.save(mlp_proto, str(path))
     rt = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", probe_opencl=False))
     try:
-        report = await bench_batching(rt, {"mlp": path}, seconds=0.2, delay_us=2000)
+        report = await bench_batching(rt, {"mlp": path}, seconds=0.1, delay_us=2000, rounds=2)
     finally:
         rt.close()
     row = report["mlp"]
     for clients in ("concurrency_16", "concurrency_1"):
-        assert set(row[clients]) == {"plain_onnxruntime", "no_batching", "batching"}
+        assert {"plain_onnxruntime", "no_batching", "batching", "batching_nospin"} <= set(row[clients])
         assert all(mode["throughput_rps"] > 0 and mode["n"] > 0 for mode in row[clients].values())
     assert set(row["concurrency_16"]["no_batching"]["batch_sizes"]) == {"1"}
     assert max(int(size) for size in row["concurrency_16"]["batching"]["batch_sizes"]) > 1
     assert row["throughput_ratio_batching_vs_no_batching"] > 0
     assert isinstance(row["concurrency_1_within_delay_plus_noise"], bool)
+    assert set(row["configurations"]) == {"no_batching", "batching", "batching_nospin"}
+    assert row["configurations"]["no_batching"]["batching_gain"] == 1.0
+    assert all(entry["cpu_share_loaded"] > 0 for entry in row["configurations"].values())
+    assert row["ort_best_batch_rows_per_s"] > 0 and row["cpu_share_idle"] >= 0

@@ -120,18 +120,20 @@ async def test_an_adaptive_policy_serves_the_partitioners_hybrid_plan_where_it_f
         rt.close()
 
 
-def _spinning(plan) -> str:
+def _session_entry(plan, key: str) -> str:
     session = plan.call.__self__.executable._session  # the ONNX Runtime session behind the plan
-    return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    return session.get_session_options().get_session_config_entry(key)
 
 
-def test_served_onnxruntime_sessions_never_spin(runtime, mlp_path) -> None:
+def test_served_onnxruntime_sessions_spin_only_while_a_run_is_in_flight(runtime, mlp_path) -> None:
     from edge_runtime.scheduler.factory import serving_options
 
-    spinning = runtime.load(mlp_path, backend="cpu")  # the library default: ORT's threads spin
-    assert spinning.options.allow_spinning
+    spinning = runtime.load(mlp_path, backend="cpu")  # the library default: ORT's threads spin after runs too
+    assert spinning.options.allow_spinning and not spinning.options.spin_only_in_runs
     for model in (spinning, runtime.load(mlp_path, backend="cpu", options=serving_options(runtime))):
         sched = scheduler_for(model, model_config({"scheduler": {"policy": "cost"}}), runtime, None)
-        assert sched.plans["cpu"].call.__self__.options.allow_spinning is False
-        assert _spinning(sched.plans["cpu"]) == "0"
+        options = sched.plans["cpu"].call.__self__.options
+        assert options.allow_spinning and options.spin_only_in_runs
+        assert _session_entry(sched.plans["cpu"], "session.intra_op.allow_spinning") == "1"
+        assert _session_entry(sched.plans["cpu"], "session.force_spinning_stop") == "1"
         sched.discard()

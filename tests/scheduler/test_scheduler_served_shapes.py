@@ -61,7 +61,9 @@ def test_with_configured_shapes_the_experiment_runs_only_at_them_and_enables_bat
                                ({"x": [1, 3, *SERVED]},))
     assert decision.enabled and not decision.deferred, decision
     assert plan.shapes and all(shape[2:] == SERVED for shape in plan.shapes)
-    assert sorted({shape[0] for shape in plan.shapes}) == [1, 2]  # each row alone, then both joined
+    # each row alone, then both joined; then the cost curve's sizes (batch_probe.measure_cost_curve)
+    assert sorted({shape[0] for shape in plan.shapes}) == [1, 2, 4, 8]
+    assert [rows for rows, _ in decision.cost_ms_per_row] == [1, 2, 4, 8]
 
 
 def test_a_model_that_mixes_rows_at_its_served_shape_is_refused() -> None:

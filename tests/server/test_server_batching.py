@@ -83,6 +83,8 @@ async def test_a_minus_one_batch_dim_batches_and_answers_each_request_as_alone(
     metadata = await (await client.get("/v2/models/minus_one")).json()
     assert metadata["inputs"][0]["shape"] == [-1, 8]
     assert metadata["edge_runtime"]["batching"]["enabled"] is True, metadata["edge_runtime"]["batching"]
+    spin = metadata["edge_runtime"]["spin"]  # the spin policy: a spinning session and a quiet twin (spin.py)
+    assert spin["mode"] == "load" and set(spin["runs"]) == {"spinning", "quiet"}, spin
     path = batching_repo / "minus_one" / "1" / "model.onnx"
     for feeds, document in await _infer_all(client, "minus_one"):
         got = np.asarray(document["outputs"][0]["data"], dtype=np.float32).reshape(1, 4)
@@ -92,6 +94,10 @@ async def test_a_minus_one_batch_dim_batches_and_answers_each_request_as_alone(
     executions = value(found, "nv_inference_exec_count", model="minus_one", version="1")
     assert rows == REQUESTS
     assert executions and rows / executions >= 2, (rows, executions)
+    after = (await (await client.get("/v2/models/minus_one")).json())["edge_runtime"]["spin"]
+    ran = sum(after["runs"].values()) - sum(spin["runs"].values())
+    assert ran == executions, (spin, after)  # every execution ran on one of the two sessions
+    assert after["cost_ms_per_row"], after  # the batcher's cost curve, measured at load and live
 
 
 async def test_a_model_that_mixes_rows_is_refused_batching_with_its_reason(
