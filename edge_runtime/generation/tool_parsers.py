@@ -116,3 +116,50 @@ def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
     if not values or any(c is None for c in calls):
         return text, []
     return None, [c for c in calls if c is not None]
+
+
+class ToolStream:
+    """Splits a streamed answer into content to send now and calls to send once complete.
+
+    Text that cannot be part of a call streams at once; from the first sign of a call (``<tool_call>``
+    for hermes, an answer opening with ``{`` or ``[`` for json) the rest is held and parsed at the end
+    (``finish``), so each call goes out whole, its arguments complete.
+    """
+
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
+        self._held = ""
+        self._holding = False
+        self._free = False  # json: the answer is plain text, nothing to hold
+
+    def feed(self, text: str) -> str:
+        if self._holding:
+            self._held += text
+            return ""
+        if self._free:
+            return text
+        self._held += text
+        if self.parser == "hermes":
+            at = self._held.find("<tool_call>")
+            if at >= 0:
+                out, self._held, self._holding = self._held[:at], self._held[at:], True
+                return out
+            keep = max((k for k in range(1, len("<tool_call>")) if self._held.endswith("<tool_call>"[:k])), default=0)
+            out, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+            return out
+        stripped = self._held.lstrip()
+        if not stripped:
+            return ""
+        if stripped[0] in "{[":
+            self._holding = True
+            return ""
+        out, self._held, self._free = self._held, "", True
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(content still to send, the calls) at the end of the answer."""
+        held, self._held = self._held, ""
+        if not self._holding:
+            return held, []
+        content, calls = parse(self.parser, held)
+        return content or "", calls

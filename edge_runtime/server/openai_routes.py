@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from aiohttp import web
 
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
+from edge_runtime.generation import tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
+from edge_runtime.generation.structured import resolve
 from edge_runtime.protocol.codec import EncodedResponse
 from edge_runtime.server.errors import error_headers, mapping_of, openai_error_body, public_message
 from edge_runtime.server.generation_http import dumps, generative, json_object, sse, state_of, until_disconnect
@@ -52,6 +55,8 @@ class _Answer:
         self.name = loaded.name
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        # the tool-call format the answer is read in (None: tools not offered, or tool_choice none)
+        self.tool_parser = getattr(self.model, "tool_parser", "json") if parsed.structured.parses_tools else None
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -71,8 +76,15 @@ class _Answer:
         last = chunks[-1]
         text = "".join(c.text for c in chunks)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            reason = last.finish_reason
+            if self.tool_parser is not None:
+                content, calls = tool_parsers.parse(self.tool_parser, text)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [c.to_dict() for c in calls]}
+                    reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
         else:
             choice = {"index": 0, "text": (prompt_text if self.parsed.echo else "") + text,
                       "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
@@ -86,18 +98,45 @@ class _Answer:
         elif self.parsed.echo:
             yield {**self.envelope([{"index": 0, "text": prompt_text, "logprobs": None, "finish_reason": None}],
                                    True), **usage_field}
+        tools = tool_parsers.ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
         chunk, last = first, first
         while chunk is not None:
             last = chunk
-            if chunk.text or chunk.finish_reason or chunk.logprobs:
-                delta = {"content": chunk.text} if chunk.text else {}
-                choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": chunk.text})
+            text, reason = chunk.text, chunk.finish_reason
+            if tools is not None:
+                text = tools.feed(text)
+                if reason is not None:
+                    held, calls = tools.finish()
+                    text += held
+                    for event in self._call_deltas(calls, usage_field, text):
+                        yield event
+                    text = "" if calls else text
+                    reason = "tool_calls" if calls and reason == "stop" else reason
+            if text or reason or chunk.logprobs:
+                delta = {"content": text} if text else {}
+                choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": text})
                 choice["logprobs"] = self.logprobs([chunk])
-                choice["finish_reason"] = chunk.finish_reason
+                choice["finish_reason"] = reason
                 yield {**self.envelope([choice], True), **usage_field}
             chunk = await anext(rest, None)
         if self.parsed.include_usage and last.usage is not None:
             yield {**self.envelope([], True), "usage": last.usage.to_dict()}
+
+
+    def _call_deltas(self, calls: list[Any], usage_field: dict[str, Any], content: str) -> list[dict[str, Any]]:
+        """OpenAI's tool-call stream: per call, a delta opening it (id, name) and one with its arguments."""
+        if not calls:
+            return []
+        events = []
+        if content:
+            events.append({"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None})
+        for index, call in enumerate(calls):
+            events.append({"index": 0, "delta": {"tool_calls": [
+                {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]},
+                "logprobs": None, "finish_reason": None})
+            events.append({"index": 0, "delta": {"tool_calls": [
+                {"index": index, "function": {"arguments": call.arguments}}]}, "logprobs": None, "finish_reason": None})
+        return [{**self.envelope([e], True), **usage_field} for e in events]
 
 
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
@@ -107,6 +146,12 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         raise InvalidInputError("'async' and 'stream' cannot be combined")
     answer = _Answer(parsed, loaded)
     multimodal = getattr(loaded.model, "is_multimodal", False)
+    structured = parsed.structured
+    if (structured.guide is not None or structured.parses_tools) and not (parsed.images and not multimodal):
+        # compiled (cached per grammar) before the request is queued: a bad schema is a 400 before any token
+        parsed = replace(parsed, params=resolve(structured, parsed.params, getattr(loaded.model, "grammars", None),
+                                                getattr(loaded.model, "tool_parser", "json")))
+    tools = list(structured.tools.tools) if structured.tools is not None else None
     if parsed.images and not multimodal:
         if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
             raise InvalidInputError(f"{parsed.model} is not a multimodal model")
@@ -124,7 +169,7 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         prepared_text = prepared.text
         chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
     else:
-        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
+        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools)
         prepared_text = prepared.text
         chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
     if parsed.wants_async:
