@@ -55,6 +55,7 @@ class Chunk:
     finish_reason: str | None = None  # "stop", "length", "cancelled", "error"
     usage: Usage | None = None
     error: BaseException | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()  # a cloud peer's tool-call deltas, passed through as sent
 
 
 Sink = Callable[[Chunk], None]

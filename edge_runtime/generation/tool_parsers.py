@@ -163,3 +163,18 @@ class ToolStream:
             return held, []
         content, calls = parse(self.parser, held)
         return content or "", calls
+
+
+def assemble(deltas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Whole tool calls from streamed OpenAI deltas (a cloud peer's), by ``index``, in index order."""
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        index = delta.get("index", 0)
+        call = calls.setdefault(index if isinstance(index, int) else 0,
+                                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call["id"] = delta.get("id") or call["id"]
+        function = delta.get("function")
+        if isinstance(function, Mapping):
+            call["function"]["name"] += function.get("name") or ""
+            call["function"]["arguments"] += function.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]

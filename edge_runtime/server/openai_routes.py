@@ -78,7 +78,10 @@ class _Answer:
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             reason = last.finish_reason
-            if self.tool_parser is not None:
+            remote = [d for c in chunks for d in c.tool_calls]
+            if remote:  # a cloud peer answered with tool calls: passed on as it made them
+                message = {"role": "assistant", "content": text or None, "tool_calls": tool_parsers.assemble(remote)}
+            elif self.tool_parser is not None:
                 content, calls = tool_parsers.parse(self.tool_parser, text)
                 if calls:
                     message = {"role": "assistant", "content": content,
@@ -112,8 +115,10 @@ class _Answer:
                         yield event
                     text = "" if calls else text
                     reason = "tool_calls" if calls and reason == "stop" else reason
-            if text or reason or chunk.logprobs:
-                delta = {"content": text} if text else {}
+            if text or reason or chunk.logprobs or chunk.tool_calls:
+                delta: dict[str, Any] = {"content": text} if text else {}
+                if chunk.tool_calls:
+                    delta["tool_calls"] = [dict(c) for c in chunk.tool_calls]
                 choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": text})
                 choice["logprobs"] = self.logprobs([chunk])
                 choice["finish_reason"] = reason
