@@ -70,6 +70,28 @@ def streams(model: Any, prompts: list[list[int]], new: int, constrained: bool) -
     return sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
 
 
+def mask_costs(model: Any, vocab: int, new: int) -> dict[str, float]:
+    """Median microseconds per token of one row's mask: computing it (llguidance; off the critical path
+    in the batcher, overlapped with the decode step) and applying it to the logits (on it)."""
+    from edge_runtime.generation.constraints import GrammarSpec
+
+    guide = model.grammars.guide(GrammarSpec.json_schema(SCHEMA, "bench"))
+    rng = np.random.default_rng(1)
+    fill, apply = [], []
+    for _ in range(new):
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        started = time.perf_counter()
+        guide.compute_mask()
+        computed = time.perf_counter()
+        masked = guide.masked(logits)
+        applied = time.perf_counter()
+        guide.consume(int(np.argmax(masked)))
+        fill.append((computed - started) * 1e6)
+        apply.append((applied - computed) * 1e6)
+    return {"compute_mask_us_median": round(float(np.median(fill)), 1),
+            "apply_mask_us_median": round(float(np.median(apply)), 1)}
+
+
 def measure(model: Any, vocab: int, rounds: int, new: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, min(vocab, 16384), 64)]
@@ -115,7 +137,8 @@ def main() -> int:
         spec = SPECS[name]
         model = GenerativeModel(name, optimum_folder(spec, args.models), settings)
         try:
-            summary["models"][name] = {"vocab": spec.vocab, **measure(model, spec.vocab, rounds, new)}
+            summary["models"][name] = {"vocab": spec.vocab, **measure(model, spec.vocab, rounds, new),
+                                       **mask_costs(model, spec.vocab, new)}
         finally:
             model.close()
     args.out.mkdir(parents=True, exist_ok=True)

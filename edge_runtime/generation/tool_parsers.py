@@ -24,6 +24,8 @@ from typing import Any, Mapping, Sequence
 
 PARSERS = ("hermes", "json")
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -72,18 +74,39 @@ def grammar(parser: str, tools: Sequence[Mapping[str, Any]], parallel: bool, opt
     return f"start: {body}\n"
 
 
-def _call_of(value: Any) -> ToolCall | None:
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def raw_arguments(text: str, value: Any, start: int = 0) -> tuple[str | None, int]:
+    """The arguments object ``value`` as the model wrote it in ``text`` (searched from ``start``), and
+    where it ends; (None, start) when not found. Sending the model's own text keeps a streamed call's
+    arguments (sent as written) and the whole answer's the same string."""
+    for match in _ARGUMENTS.finditer(text, start):
+        try:
+            decoded, end = _DECODER.raw_decode(text, match.end())
+        except ValueError:
+            continue
+        if decoded == value:
+            return text[match.end():end], end
+    return None, start
+
+
+def _call_of(value: Any, text: str = "", start: int = 0) -> tuple[ToolCall | None, int]:
+    """The call in a decoded JSON ``value`` (written in ``text`` from ``start``), and where it ends in ``text``."""
     if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
-        return None
+        return None, start
     arguments = value.get("arguments", value.get("parameters", {}))
+    raw, end = raw_arguments(text, arguments, start) if isinstance(arguments, Mapping) else (None, start)
     if isinstance(arguments, str):  # some models write the arguments pre-serialised
         try:
             arguments = json.loads(arguments)
         except ValueError:
-            return None
+            return None, start
     if not isinstance(arguments, Mapping):
-        return None
-    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), "call_" + uuid.uuid4().hex[:24])
+        return None, start
+    return ToolCall(value["name"], raw if raw is not None else json.dumps(arguments, ensure_ascii=False),
+                    new_call_id()), end
 
 
 def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
@@ -92,7 +115,7 @@ def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
         calls, spans = [], []
         for match in _HERMES_CALL.finditer(text):
             try:
-                call = _call_of(json.loads(match.group(1)))
+                call, _ = _call_of(json.loads(match.group(1)), match.group(1))
             except ValueError:
                 call = None
             if call is not None:
@@ -112,57 +135,13 @@ def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
     except ValueError:
         return text, []
     values = value if isinstance(value, list) else [value]
-    calls = [_call_of(v) for v in values]
-    if not values or any(c is None for c in calls):
-        return text, []
-    return None, [c for c in calls if c is not None]
-
-
-class ToolStream:
-    """Splits a streamed answer into content to send now and calls to send once complete.
-
-    Text that cannot be part of a call streams at once; from the first sign of a call (``<tool_call>``
-    for hermes, an answer opening with ``{`` or ``[`` for json) the rest is held and parsed at the end
-    (``finish``), so each call goes out whole, its arguments complete.
-    """
-
-    def __init__(self, parser: str) -> None:
-        self.parser = parser
-        self._held = ""
-        self._holding = False
-        self._free = False  # json: the answer is plain text, nothing to hold
-
-    def feed(self, text: str) -> str:
-        if self._holding:
-            self._held += text
-            return ""
-        if self._free:
-            return text
-        self._held += text
-        if self.parser == "hermes":
-            at = self._held.find("<tool_call>")
-            if at >= 0:
-                out, self._held, self._holding = self._held[:at], self._held[at:], True
-                return out
-            keep = max((k for k in range(1, len("<tool_call>")) if self._held.endswith("<tool_call>"[:k])), default=0)
-            out, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
-            return out
-        stripped = self._held.lstrip()
-        if not stripped:
-            return ""
-        if stripped[0] in "{[":
-            self._holding = True
-            return ""
-        out, self._held, self._free = self._held, "", True
-        return out
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content still to send, the calls) at the end of the answer."""
-        held, self._held = self._held, ""
-        if not self._holding:
-            return held, []
-        content, calls = parse(self.parser, held)
-        return content or "", calls
+    calls, cursor = [], 0
+    for item in values:
+        call, cursor = _call_of(item, text, cursor)
+        if call is None:
+            return text, []
+        calls.append(call)
+    return (None, calls) if calls else (text, [])
 
 
 def assemble(deltas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,13 @@ a final usage chunk with ``stream_options.include_usage``). Errors come back
 in OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``,
 with the status of the server's one error table. ``"async": true`` answers
 202 with a task polled through ``/v2/tasks/{id}``.
+
+Structured output and tools (``generation.structured``): the request's grammar
+is compiled before it is queued (a bad one is a 400 before any token); with
+tools offered, the answer is read in the model's tool-call format
+(``tool_parsers``) into ``message.tool_calls`` and ``finish_reason:
+"tool_calls"``, and a stream sends each call as OpenAI does (``tool_stream``).
+A cloud peer's own tool-call deltas pass through as it sent them.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFou
 from edge_runtime.generation import tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
 from edge_runtime.generation.structured import resolve
+from edge_runtime.generation.tool_stream import ToolStream
 from edge_runtime.protocol.codec import EncodedResponse
 from edge_runtime.server.errors import error_headers, mapping_of, openai_error_body, public_message
 from edge_runtime.server.generation_http import dumps, generative, json_object, sse, state_of, until_disconnect
@@ -101,20 +109,20 @@ class _Answer:
         elif self.parsed.echo:
             yield {**self.envelope([{"index": 0, "text": prompt_text, "logprobs": None, "finish_reason": None}],
                                    True), **usage_field}
-        tools = tool_parsers.ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
+        tools = ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
+        called = False
         chunk, last = first, first
         while chunk is not None:
             last = chunk
             text, reason = chunk.text, chunk.finish_reason
             if tools is not None:
-                text = tools.feed(text)
-                if reason is not None:
-                    held, calls = tools.finish()
-                    text += held
-                    for event in self._call_deltas(calls, usage_field, text):
-                        yield event
-                    text = "" if calls else text
-                    reason = "tool_calls" if calls and reason == "stop" else reason
+                events = tools.feed(text) + (tools.finish() if reason is not None else [])
+                called = called or any(e[0] == "call" for e in events)
+                for delta in _tool_deltas(events):
+                    yield {**self.envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+                                           True), **usage_field}
+                text = ""
+                reason = "tool_calls" if called and reason == "stop" else reason
             if text or reason or chunk.logprobs or chunk.tool_calls:
                 delta: dict[str, Any] = {"content": text} if text else {}
                 if chunk.tool_calls:
@@ -128,20 +136,18 @@ class _Answer:
             yield {**self.envelope([], True), "usage": last.usage.to_dict()}
 
 
-    def _call_deltas(self, calls: list[Any], usage_field: dict[str, Any], content: str) -> list[dict[str, Any]]:
-        """OpenAI's tool-call stream: per call, a delta opening it (id, name) and one with its arguments."""
-        if not calls:
-            return []
-        events = []
-        if content:
-            events.append({"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None})
-        for index, call in enumerate(calls):
-            events.append({"index": 0, "delta": {"tool_calls": [
-                {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]},
-                "logprobs": None, "finish_reason": None})
-            events.append({"index": 0, "delta": {"tool_calls": [
-                {"index": index, "function": {"arguments": call.arguments}}]}, "logprobs": None, "finish_reason": None})
-        return [{**self.envelope([e], True), **usage_field} for e in events]
+def _tool_deltas(events: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """OpenAI chat deltas of ``ToolStream`` events: content, a call's opening (id, name), argument pieces."""
+    deltas = []
+    for event in events:
+        if event[0] == "content":
+            deltas.append({"content": event[1]})
+        elif event[0] == "call":
+            deltas.append({"tool_calls": [{"index": event[1], "id": event[2], "type": "function",
+                                           "function": {"name": event[3], "arguments": ""}}]})
+        else:
+            deltas.append({"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]})
+    return deltas
 
 
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:

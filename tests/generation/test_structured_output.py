@@ -195,12 +195,45 @@ def test_tools_are_rendered_by_the_chat_template(server: LiveServer) -> None:
         jsonschema.validate(json.loads(call.arguments), PARAMETERS[call.name])
 
 
+def test_auto_with_a_strict_tool_and_none(client: Any) -> None:
+    strict = [{"type": "function", "function": {**TAP["function"], "strict": True}}, TYPE_TEXT]
+    kinds = set()
+    for seed in range(6):
+        answer = client.chat.completions.create(model="hermes", messages=MESSAGES, seed=seed, max_tokens=60,
+                                                tools=strict, tool_choice="auto").choices[0]
+        if answer.message.tool_calls:  # a call, whole and valid; else text that never opened one
+            kinds.add("call")
+            assert answer.finish_reason == "tool_calls"
+            for call in answer.message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+        else:
+            kinds.add("text")
+            assert "<tool_call>" not in answer.message.content
+    assert kinds
+    answer = client.chat.completions.create(model="hermes", messages=MESSAGES, seed=0, max_tokens=20, tools=TOOLS,
+                                            tool_choice="none").choices[0]
+    assert answer.message.tool_calls is None and answer.finish_reason in ("stop", "length")
+
+
+def test_earlier_tool_calls_reach_the_template_as_objects(server: LiveServer) -> None:
+    from edge_runtime.generation.chat import ChatTokenizer
+
+    tokenizer = ChatTokenizer(local(server, "hermes").path)
+    tokenizer._template = tokenizer._compile(
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}"
+        "{% endfor %}{% endfor %}")
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "tap", "arguments": '{"x": 1, "y": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    assert json.loads(tokenizer.render(history)) == {"x": 1, "y": 2}  # an object, not JSON text in a string
+
+
 @pytest.mark.parametrize("name", ["chat", "hermes"])
 def test_streamed_tool_call_deltas_assemble_to_the_whole_call(client: Any, name: str) -> None:
     kwargs = dict(model=name, messages=MESSAGES, max_tokens=200, tools=TOOLS, tool_choice="required", seed=11)
     whole = client.chat.completions.create(**kwargs).choices[0]
     calls: dict[int, dict[str, str]] = {}
-    reasons = []
+    reasons, pieces = [], 0
     for chunk in client.chat.completions.create(**kwargs, stream=True):
         for choice in chunk.choices:
             reasons.append(choice.finish_reason)
@@ -209,7 +242,9 @@ def test_streamed_tool_call_deltas_assemble_to_the_whole_call(client: Any, name:
                 if delta.function.name:
                     entry["name"] += delta.function.name
                 entry["arguments"] += delta.function.arguments or ""
+                pieces += bool(delta.function.arguments)
     assert reasons[-1] == whole.finish_reason == "tool_calls"
+    assert pieces > len(calls)  # the arguments came as the model wrote them, not in one piece per call
     assert [calls[i] for i in sorted(calls)] == [
         {"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls]
 
@@ -323,3 +358,39 @@ def test_grammars_compile_once_and_cloud_bodies_keep_the_fields(server: LiveServ
     forwarded = parse_chat({**body, "tool_choice": "auto"}).forward_body("remote")
     assert {k: forwarded[k] for k in ("tools", "parallel_tool_calls", "response_format", "structured_outputs")} == {
         k: body[k] for k in ("tools", "parallel_tool_calls", "response_format", "structured_outputs")}
+
+
+@pytest.mark.parametrize("parser, text", [
+    ("hermes", 'Sure.<tool_call>\n{"name":"tap","arguments":{"x":1,"s":"a}\\"{"}}\n</tool_call>\n<tool_call>\n'
+               '{"name": "type_text", "arguments": {"text": "hi"}}\n</tool_call>'),
+    ("hermes", "no calls here <tool_ca but not"),
+    ("hermes", '<tool_call>\n{"arguments": {"x": 1}, "name": "tap"}\n</tool_call>'),
+    ("json", '[{"name":"tap","arguments":{"x":1}}, {"name":"tap","arguments":{"x":[2,{"y":3}]}}]'),
+    ("json", '{"name":"tap","arguments":{"x":1}}'),
+    ("json", '{"arguments":{"x":1},"name":"tap"}'),
+    ("json", "plain words"),
+])
+def test_tool_stream_in_any_pieces_gives_the_parsed_calls(parser: str, text: str) -> None:
+    import random
+
+    from edge_runtime.generation import tool_parsers
+    from edge_runtime.generation.tool_stream import ToolStream
+
+    content, calls = tool_parsers.parse(parser, text)
+    for trial in range(40):
+        rng = random.Random(trial)
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 12))))
+        stream = ToolStream(parser)
+        events = [e for a, b in zip([0, *cuts], [*cuts, len(text)]) for e in stream.feed(text[a:b])]
+        events += stream.finish()
+        streamed: dict[int, list[str]] = {}
+        streamed_content = ""
+        for event in events:
+            if event[0] == "content":
+                streamed_content += event[1]
+            elif event[0] == "call":
+                streamed[event[1]] = [event[3], ""]
+            else:
+                streamed[event[1]][1] += event[2]
+        assert [streamed[i] for i in sorted(streamed)] == [[c.name, c.arguments] for c in calls]
+        assert streamed_content.strip() == (content or "").strip()
