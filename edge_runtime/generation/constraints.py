@@ -97,7 +97,11 @@ class GrammarCache:
     def tokenizer(self) -> Any:
         with self._lock:
             if self._tokenizer is None:
-                from llguidance import LLTokenizer
+                try:
+                    from llguidance import LLTokenizer
+                except ImportError:
+                    raise InvalidInputError("structured output needs the llguidance package, which is not "
+                                            "installed here (pip install 'edge-runtime[generate]')") from None
 
                 self._tokenizer = LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
                                               eos_token=self._eos or None)

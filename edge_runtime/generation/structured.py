@@ -146,11 +146,7 @@ def _tools(body: Mapping[str, Any]) -> ToolRequest | None:
 
 def parse_structured(body: Mapping[str, Any], chat: bool = True) -> Structured:
     """The structured-output fields of a request body (chat: tools and response_format too)."""
-    guides = []
-    if chat:
-        guides.append(_response_format(body.get("response_format")))
-    elif body.get("response_format") is not None:
-        guides.append(_response_format(body.get("response_format")))
+    guides = [_response_format(body.get("response_format"))]
     options = body.get("structured_outputs")
     if options is not None:
         if not isinstance(options, Mapping):
