@@ -13,6 +13,11 @@ iteration. ``submit`` beyond ``max_queue`` waiting requests raises
 The prefix cache is consulted before a prefill and filled after it (the
 prompt's blocks) and when a sequence finishes (prompt and answer), so an
 agent's next step finds its history cached.
+
+A constrained request (``params.guide``) gets its grammar compiled by
+``grammars`` (the model's ``constraints.GrammarCache``) in ``submit``, before it
+is queued, so a bad grammar is refused before any token; the guided rows'
+token masks are computed by ``MaskPrefetch`` while the decode step runs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from edge_runtime.errors import InvalidInputError, QueueFullError
+from edge_runtime.generation.constraints import MaskPrefetch
 from edge_runtime.generation.engine import DecoderEngine
 from edge_runtime.generation.prefix_cache import PrefixCache
 from edge_runtime.generation.sampling import SamplingParams
@@ -71,6 +77,8 @@ class ContinuousBatcher:
         self._prefill_rate: float | None = None
         self._decode_rate: float | None = None
         self.warmups = 0  # warm_up calls that ran (load-time work a request no longer pays)
+        self.grammars: Any = None  # constraints.GrammarCache; None: this model cannot constrain
+        self._masks = MaskPrefetch()
 
     # -- client side (any thread) -------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams, sink: Sink, *, inputs: Any = None,
@@ -92,8 +100,14 @@ class ContinuousBatcher:
         if params.max_tokens is not None and params.max_tokens > room:
             raise InvalidInputError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
                                     f"exceeds this model's context of {self.max_len} tokens")
+        guide = None
+        if params.guide is not None:
+            if self.grammars is None:
+                raise InvalidInputError("this model cannot constrain its output (no grammar support)")
+            guide = self.grammars.guide(params.guide)  # InvalidInputError for a bad grammar
         sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink,
-                            inputs=inputs, cache_key=list(cache_key) if cache_key is not None else None)
+                            inputs=inputs, cache_key=list(cache_key) if cache_key is not None else None,
+                            guide=guide)
         if sequence.reserved_tokens > self.budget_tokens:
             raise InvalidInputError(f"the request needs {sequence.reserved_tokens} KV positions (prompt + max_tokens);"
                                     f" the model's budget is {self.budget_tokens}: lower max_tokens")
@@ -144,6 +158,7 @@ class ContinuousBatcher:
         if self._thread is not None:
             self._thread.join(timeout=max(1.0, timeout_s))
             self._thread = None
+        self._masks.close()
 
     def warm_up(self, tokens: list[int], decode_steps: int) -> tuple[float, float]:
         """Run ``tokens`` as one sequence's prefill (in chunks) and ``decode_steps`` decode steps through
@@ -231,7 +246,12 @@ class ContinuousBatcher:
         kv = self.engine.kv
         running = self._running
         started = time.perf_counter()
-        logits = self.engine.decode([s.generated[-1] for s in running])
+        masks = self._masks.start([s.guide for s in running])  # guided rows' masks, while the model runs
+        try:
+            logits = self.engine.decode([s.generated[-1] for s in running])
+        finally:
+            if masks is not None:
+                masks.result()
         self._rate("decode", 1.0 / max(time.perf_counter() - started, 1e-9))
         self._steps += 1
         self._generated += len(running)

@@ -81,7 +81,22 @@ def normalize_messages(messages: Any, multimodal: bool = False) -> list[dict[str
             raise InvalidInputError(f"messages[{index}].content must be a string or a list of text parts, "
                                     f"got {type(content).__name__}")
         normalized.append({**message, "role": role, "content": content})
+        if role == "assistant" and isinstance(message.get("tool_calls"), list):
+            normalized[-1]["tool_calls"] = [_template_call(call) for call in message["tool_calls"]]
     return normalized
+
+
+def _template_call(call: Any) -> Any:
+    """An assistant's earlier tool call as templates expect it: OpenAI sends ``function.arguments`` as
+    JSON text, templates (Qwen2.5's ``arguments | tojson``) and transformers take an object."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}} if isinstance(arguments, dict) else call
 
 
 class ChatTokenizer:

@@ -20,6 +20,14 @@ A vision-language folder (``generation.vision``) takes images too::
 
 Images are decoded, preprocessed and encoded in ``prepare``, on the caller's
 thread (``stream`` runs it in a worker thread), before the request is queued.
+
+Structured output and tools take OpenAI's request fields (``structured``)::
+
+    model.generate(messages=..., response_format={"type": "json_schema", "json_schema": {
+        "name": "tap", "schema": {...}}})
+    result = model.generate(messages=..., tools=[{"type": "function", "function": {...}}],
+                            tool_choice="required")
+    result.tool_calls[0].name, json.loads(result.tool_calls[0].arguments)
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from edge_runtime.generation.prepared import PreparedPrompt, RequestTimings, req
 from edge_runtime.generation.sampling import SamplingParams, TokenChoice
 from edge_runtime.generation.sequence import Chunk, Usage
 from edge_runtime.generation.settings import GenerationSettings
+from edge_runtime.generation.structured import STRUCTURED_FIELDS
 
 if TYPE_CHECKING:
     from edge_runtime.generation.vision.encoder import VisionLoader
@@ -58,6 +67,8 @@ class GenerationResult:
     time_to_first_token_s: float | None = None
     elapsed_s: float = 0.0
     timings: RequestTimings | None = None
+    tool_calls: tuple[Any, ...] = ()  # tool_parsers.ToolCall, when tools were offered and called
+    content: str | None = None  # the text outside the tool calls (``text`` when there are none)
 
 
 @dataclass
@@ -148,6 +159,14 @@ class GenerativeModel:
             self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
             self.batcher = ContinuousBatcher(self.engine, self.settings, self.prefix_cache,
                                              frozenset(self.folder.eos_token_ids), self.tokenizer.decode)
+        if self.engine is not None:  # onnxruntime-genai runs its own sampling: no masks of ours
+            from edge_runtime.generation.constraints import GrammarCache
+
+            self.batcher.grammars = GrammarCache(self.tokenizer.tokenizer.to_str(), self.folder.vocab_size,
+                                                 self.folder.eos_token_ids)
+        from edge_runtime.generation.tool_parsers import default_parser
+
+        self.tool_parser = self.settings.tool_parser or default_parser(self.tokenizer.template_source)
         self.batcher.start()
         log.info("generative model %s on %s: %s, %d layers, context %d, KV %d B/token", name, self.backend,
                  self.folder.model_type or "decoder", self.folder.kv.layers, self.batcher.max_len,
@@ -167,6 +186,18 @@ class GenerativeModel:
         return self.engine.kv.nbytes if self.engine is not None else 0
 
     @property
+    def grammars(self) -> Any:
+        """The model's ``constraints.GrammarCache`` (None: it cannot constrain its output)."""
+        return getattr(self.batcher, "grammars", None)
+
+    def structure(self, fields: Mapping[str, Any], params: SamplingParams, chat: bool = True) -> tuple[Any, Any]:
+        """(Structured, params with its compiled guide) of OpenAI's structured-output fields."""
+        from edge_runtime.generation.structured import parse_structured, resolve
+
+        structured = parse_structured(fields, chat)
+        return structured, resolve(structured, params, self.grammars, self.tool_parser)
+
+    @property
     def is_multimodal(self) -> bool:
         """Whether the model takes images (a vision-language folder)."""
         return self.prompter is not None
@@ -174,12 +205,12 @@ class GenerativeModel:
     # -- requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | Sequence[int] | None = None,
                 messages: Sequence[Mapping[str, Any]] | None = None,
-                images: Sequence[Any] | None = None) -> PreparedPrompt:
+                images: Sequence[Any] | None = None, tools: Sequence[Any] | None = None) -> PreparedPrompt:
         """Token ids of a plain prompt (text or ids) or of chat messages rendered by the template.
 
         A VLM also takes image parts in ``messages`` and ``images`` beside a text ``prompt``, and
         does all image work here (blocking). InvalidInputError for bad input, images to a model
-        that reads text only included.
+        that reads text only included. ``tools``: OpenAI tool definitions for the chat template.
         """
         if (prompt is None) == (messages is None):
             raise InvalidInputError("give exactly one of 'prompt' and 'messages'")
@@ -189,7 +220,7 @@ class GenerativeModel:
             raise InvalidInputError(f"{self.name} is not a multimodal model" if self.prompter is None
                                     else "a token-id prompt cannot take images: give the prompt as text")
         if messages is not None:
-            text = self.tokenizer.render(messages)
+            text = self.tokenizer.render(messages, tools=list(tools) if tools else None)
             return PreparedPrompt(self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids, text)
         if isinstance(prompt, str):
             return PreparedPrompt(self.tokenizer.encode_prompt(prompt), prompt)
@@ -238,11 +269,13 @@ class GenerativeModel:
                  timeout_s: float | None = None, **params: Any) -> GenerationResult:
         """Generate to the end; blocks. ``params``: SamplingParams fields (default greedy)."""
         params.setdefault("temperature", 0.0)
+        fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
         chunks: "queue.Queue[Chunk]" = queue.Queue()
         started = time.perf_counter()
-        prepared = self.prepare(prompt, messages, images)
+        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
+        prepared = self.prepare(prompt, messages, images, tools=_offered(structured))
         submitted = time.perf_counter()
-        handle = self.submit(prepared, sampling_params(**params), chunks.put)
+        handle = self.submit(prepared, sampling, chunks.put)
         collected = _Collected()
         first: float | None = None
         while True:
@@ -256,7 +289,8 @@ class GenerativeModel:
             collected.add(chunk)
             if chunk.finish_reason is not None:
                 return self._result(collected, chunk, first, time.perf_counter() - started,
-                                    request_timings(prepared, handle, started, submitted))
+                                    request_timings(prepared, handle, started, submitted),
+                                    self.tool_parser if structured.parses_tools else None)
 
     async def stream(self, prompt: str | Sequence[int] | None = None, *,
                      messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
@@ -264,11 +298,12 @@ class GenerativeModel:
         """Chunks as they are produced; leaving the loop early cancels the sequence. A VLM's image work
         runs in a worker thread, off the event loop."""
         params.setdefault("temperature", 0.0)
-        sampling = sampling_params(**params)
+        fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
+        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
         if self.prompter is not None:
             prepared = await asyncio.to_thread(self.prepare, prompt, messages, images)
         else:
-            prepared = self.prepare(prompt, messages, images)
+            prepared = self.prepare(prompt, messages, images, tools=_offered(structured))
         async for chunk in self.stream_prepared(prepared, sampling):
             yield chunk
 
@@ -294,8 +329,11 @@ class GenerativeModel:
                     **params: Any) -> Iterator[Chunk]:
         """Synchronous chunk iterator (the CLI's streaming)."""
         params.setdefault("temperature", 0.0)
+        fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
+        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
         chunks: "queue.Queue[Chunk]" = queue.Queue()
-        handle = self.submit(self.prepare(prompt, messages, images), sampling_params(**params), chunks.put)
+        handle = self.submit(self.prepare(prompt, messages, images, tools=_offered(structured)), sampling,
+                             chunks.put)
         try:
             while True:
                 chunk = chunks.get()
@@ -308,17 +346,30 @@ class GenerativeModel:
 
     @staticmethod
     def _result(collected: _Collected, last: Chunk, first: float | None, elapsed: float,
-                timings: RequestTimings | None = None) -> GenerationResult:
+                timings: RequestTimings | None = None, tool_parser: str | None = None) -> GenerationResult:
         if last.error is not None:
             raise last.error
         assert last.usage is not None and last.finish_reason is not None
-        return GenerationResult("".join(collected.texts), last.finish_reason, last.usage, tuple(collected.ids),
-                                tuple(collected.logprobs), first, elapsed, timings)
+        text, reason = "".join(collected.texts), last.finish_reason
+        content: str | None = text
+        calls: list[Any] = []
+        if tool_parser is not None:
+            from edge_runtime.generation.tool_parsers import parse
+
+            content, calls = parse(tool_parser, text)
+            reason = "tool_calls" if calls and reason == "stop" else reason
+        return GenerationResult(text, reason, last.usage, tuple(collected.ids), tuple(collected.logprobs), first,
+                                elapsed, timings, tuple(calls), content)
 
     def close(self) -> None:
         self.batcher.close(10.0)
         if self.prompter is not None:
             self.prompter.encoder.close()
+
+
+def _offered(structured: Any) -> list[Any] | None:
+    """The tools the chat template renders (OpenAI's tool definitions, as transformers passes them)."""
+    return list(structured.tools.tools) if structured.tools is not None else None
 
 
 def load_generative(path: Path, name: str | None = None, settings: GenerationSettings | None = None,

@@ -48,17 +48,19 @@ def _ssl_context(config: "CloudConfig") -> ssl.SSLContext | bool:
 def parse_event(data: Mapping[str, Any]) -> Chunk:
     """One chunk of a chat or completion stream (a usage-only chunk has no choices)."""
     choices = data.get("choices") or []
-    text, finish = "", None
+    text, finish, calls = "", None, ()
     if choices:
         choice = choices[0]
         delta = choice.get("delta")
         text = (delta.get("content") or "") if isinstance(delta, Mapping) else (choice.get("text") or "")
         finish = choice.get("finish_reason")
+        if isinstance(delta, Mapping) and isinstance(delta.get("tool_calls"), list):
+            calls = tuple(c for c in delta["tool_calls"] if isinstance(c, Mapping))
     usage = data.get("usage")
     parsed_usage = None
     if isinstance(usage, Mapping):
         parsed_usage = Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
-    return Chunk(text, (), (), finish, parsed_usage)
+    return Chunk(text, (), (), finish, parsed_usage, tool_calls=calls)
 
 
 class OpenAICloud:

@@ -2,9 +2,9 @@
 
 Transport-free: the HTTP adapters and the cloud client both use it. Unknown
 fields that OpenAI defines but we ignore (``user``, ``metadata``, ...) pass;
-parameters whose meaning we cannot honour (``n > 1``, ``tools`` with a
-forced ``tool_choice``, ``response_format`` other than text) are a 400, not a
-silent change of meaning.
+parameters whose meaning we cannot honour (``n > 1``) are a 400, not a silent
+change of meaning. Structured output and tools (``response_format``, ``tools``,
+``tool_choice``, vLLM's ``structured_outputs``) are read by ``structured``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from edge_runtime.errors import InvalidInputError
 from edge_runtime.generation.sampling import SamplingParams
+from edge_runtime.generation.structured import Structured, parse_structured
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 
@@ -32,6 +33,7 @@ class OpenAIRequest:
     wants_async: bool = False
     body: Mapping[str, Any] | None = None  # the request as received, for forwarding to a cloud peer
     images: tuple[str, ...] = ()  # where each image part is ("messages[1].content[0]"), in prompt order
+    structured: Structured = Structured()  # output constraint and tools (free text by default)
 
     def forward_body(self, remote_model: str) -> dict[str, Any]:
         """The body to send an OpenAI-compatible peer: its model name, streamed, with usage."""
@@ -136,13 +138,11 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidInputError("'messages' must be a non-empty list of {role, content} objects")
-    response_format = body.get("response_format")
-    if isinstance(response_format, Mapping) and response_format.get("type") not in (None, "text"):
-        raise InvalidInputError(f"response_format {response_format.get('type')!r} is not supported; use 'text'")
+    structured = parse_structured(body, chat=True)
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
                          messages=messages, wants_async=_bool(body, "async"), body=body,
-                         images=image_parts(messages))
+                         images=image_parts(messages), structured=structured)
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
@@ -156,6 +156,8 @@ def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
         raise InvalidInputError("'prompt' must be a string or a list of token ids (one prompt per request)")
     if body.get("suffix") is not None:
         raise InvalidInputError("'suffix' is not supported by this model")
+    structured = parse_structured(body, chat=False)
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=False), stream, _stream_options(body, stream), prompt=prompt,
-                         echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body)
+                         echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body,
+                         structured=structured)

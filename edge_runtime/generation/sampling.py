@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.constraints import GrammarSpec
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
@@ -40,7 +41,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
-    ignore_eos: bool = False  # benchmarks: generate exactly max_tokens
+    ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (a guided answer still ends when complete)
+    guide: GrammarSpec | None = None  # what the answer must match (None: free text)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
@@ -61,6 +63,8 @@ class SamplingParams:
                 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidInputError(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], "
                                     f"got {self.top_logprobs!r}")
+        if self.guide is not None and not isinstance(self.guide, GrammarSpec):
+            raise InvalidInputError(f"'guide' must be a GrammarSpec, got {type(self.guide).__name__}")
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("'top_logprobs' needs 'logprobs': true")
 

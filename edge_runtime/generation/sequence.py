@@ -55,6 +55,7 @@ class Chunk:
     finish_reason: str | None = None  # "stop", "length", "cancelled", "error"
     usage: Usage | None = None
     error: BaseException | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()  # a cloud peer's tool-call deltas, passed through as sent
 
 
 Sink = Callable[[Chunk], None]
@@ -82,6 +83,7 @@ class Sequence:
     cache_key: list[int] | None = None  # prefix-cache key of the prompt; None: the prompt itself
     prefill_started_s: float | None = None  # first prefill chunk began (after any queueing)
     prefill_done_s: float | None = None  # last prefill chunk ended
+    guide: Any = None  # constraints.RowGuide of a constrained request: masks the logits, consumes each token
 
     @property
     def key(self) -> list[int]:
@@ -109,14 +111,30 @@ class Sequence:
         return Usage(len(self.prompt), len(self.generated), self.cached_tokens)
 
     def accept(self, logits: np.ndarray) -> bool:
-        """Choose the next token from ``logits``, emit its chunk; True when the sequence finished."""
+        """Choose the next token from ``logits``, emit its chunk; True when the sequence finished.
+
+        A guided sequence samples among the tokens its grammar allows, and finishes ("stop") when
+        the grammar is complete, ``ignore_eos`` or not; a grammar failure finishes it ("error").
+        """
+        guide = self.guide
+        if guide is not None:
+            try:
+                logits = guide.masked(logits)
+            except RuntimeError as exc:
+                self.finish("error", exc)
+                return True
         choice = self.sampler.choose(logits)
+        if guide is not None:
+            guide.consume(choice.token)
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter()
         self.generated.append(choice.token)
         reason = None
-        if choice.token in self.eos and not self.params.ignore_eos:
+        if choice.token in self.eos and (not self.params.ignore_eos or guide is not None):
             text = self.detokenizer.flush()
+            reason = "stop"
+        elif guide is not None and guide.finished:
+            text = self.detokenizer.push(choice.token) + self.detokenizer.flush()
             reason = "stop"
         else:
             text = self.detokenizer.push(choice.token)

@@ -13,6 +13,8 @@
                                   # (the KV buffers and this cap are charged to the server's [memory] budget)
     prefix_block_tokens = 16      # prefix cache granularity
     threads = 0                   # ONNX Runtime intra-op threads; 0 = the runtime's
+    tool_parser = ""              # tool-call format: "hermes" (Qwen2.5 <tool_call>) or "json";
+                                  # "" = hermes when the chat template mentions <tool_call>, else json
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class GenerationSettings:
     prefix_cache_bytes: int = 64 * 1024 * 1024
     prefix_block_tokens: int = 16
     threads: int = 0
+    tool_parser: str = ""
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "max_seq_len", "prefill_chunk_tokens", "prefix_block_tokens"):
@@ -42,6 +45,8 @@ class GenerationSettings:
         for key in ("max_queue", "kv_budget_tokens", "prefix_cache_bytes", "threads"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"[generation] {key} must be >= 0, got {getattr(self, key)}")
+        if self.tool_parser not in ("", "hermes", "json"):
+            raise ConfigError(f"[generation] tool_parser must be 'hermes' or 'json', got {self.tool_parser!r}")
 
 
 def generation_settings(extra: Mapping[str, Any], where: str) -> GenerationSettings:

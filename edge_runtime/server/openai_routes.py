@@ -7,6 +7,13 @@ a final usage chunk with ``stream_options.include_usage``). Errors come back
 in OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``,
 with the status of the server's one error table. ``"async": true`` answers
 202 with a task polled through ``/v2/tasks/{id}``.
+
+Structured output and tools (``generation.structured``): the request's grammar
+is compiled before it is queued (a bad one is a 400 before any token); with
+tools offered, the answer is read in the model's tool-call format
+(``tool_parsers``) into ``message.tool_calls`` and ``finish_reason:
+"tool_calls"``, and a stream sends each call as OpenAI does (``tool_stream``).
+A cloud peer's own tool-call deltas pass through as it sent them.
 """
 
 from __future__ import annotations
@@ -14,12 +21,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from aiohttp import web
 
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
+from edge_runtime.generation import tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
+from edge_runtime.generation.structured import resolve
+from edge_runtime.generation.tool_stream import ToolStream
 from edge_runtime.protocol.codec import EncodedResponse
 from edge_runtime.server.errors import error_headers, mapping_of, openai_error_body, public_message
 from edge_runtime.server.generation_http import dumps, generative, json_object, sse, state_of, until_disconnect
@@ -52,6 +63,8 @@ class _Answer:
         self.name = loaded.name
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        # the tool-call format the answer is read in (None: tools not offered, or tool_choice none)
+        self.tool_parser = getattr(self.model, "tool_parser", "json") if parsed.structured.parses_tools else None
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -71,8 +84,18 @@ class _Answer:
         last = chunks[-1]
         text = "".join(c.text for c in chunks)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            reason = last.finish_reason
+            remote = [d for c in chunks for d in c.tool_calls]
+            if remote:  # a cloud peer answered with tool calls: passed on as it made them
+                message = {"role": "assistant", "content": text or None, "tool_calls": tool_parsers.assemble(remote)}
+            elif self.tool_parser is not None:
+                content, calls = tool_parsers.parse(self.tool_parser, text)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [c.to_dict() for c in calls]}
+                    reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
         else:
             choice = {"index": 0, "text": (prompt_text if self.parsed.echo else "") + text,
                       "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
@@ -86,18 +109,45 @@ class _Answer:
         elif self.parsed.echo:
             yield {**self.envelope([{"index": 0, "text": prompt_text, "logprobs": None, "finish_reason": None}],
                                    True), **usage_field}
+        tools = ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
+        called = False
         chunk, last = first, first
         while chunk is not None:
             last = chunk
-            if chunk.text or chunk.finish_reason or chunk.logprobs:
-                delta = {"content": chunk.text} if chunk.text else {}
-                choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": chunk.text})
+            text, reason = chunk.text, chunk.finish_reason
+            if tools is not None:
+                events = tools.feed(text) + (tools.finish() if reason is not None else [])
+                called = called or any(e[0] == "call" for e in events)
+                for delta in _tool_deltas(events):
+                    yield {**self.envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+                                           True), **usage_field}
+                text = ""
+                reason = "tool_calls" if called and reason == "stop" else reason
+            if text or reason or chunk.logprobs or chunk.tool_calls:
+                delta: dict[str, Any] = {"content": text} if text else {}
+                if chunk.tool_calls:
+                    delta["tool_calls"] = [dict(c) for c in chunk.tool_calls]
+                choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": text})
                 choice["logprobs"] = self.logprobs([chunk])
-                choice["finish_reason"] = chunk.finish_reason
+                choice["finish_reason"] = reason
                 yield {**self.envelope([choice], True), **usage_field}
             chunk = await anext(rest, None)
         if self.parsed.include_usage and last.usage is not None:
             yield {**self.envelope([], True), "usage": last.usage.to_dict()}
+
+
+def _tool_deltas(events: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """OpenAI chat deltas of ``ToolStream`` events: content, a call's opening (id, name), argument pieces."""
+    deltas = []
+    for event in events:
+        if event[0] == "content":
+            deltas.append({"content": event[1]})
+        elif event[0] == "call":
+            deltas.append({"tool_calls": [{"index": event[1], "id": event[2], "type": "function",
+                                           "function": {"name": event[3], "arguments": ""}}]})
+        else:
+            deltas.append({"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]})
+    return deltas
 
 
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
@@ -107,6 +157,12 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         raise InvalidInputError("'async' and 'stream' cannot be combined")
     answer = _Answer(parsed, loaded)
     multimodal = getattr(loaded.model, "is_multimodal", False)
+    structured = parsed.structured
+    if (structured.guide is not None or structured.parses_tools) and not (parsed.images and not multimodal):
+        # compiled (cached per grammar) before the request is queued: a bad schema is a 400 before any token
+        parsed = replace(parsed, params=resolve(structured, parsed.params, getattr(loaded.model, "grammars", None),
+                                                getattr(loaded.model, "tool_parser", "json")))
+    tools = list(structured.tools.tools) if structured.tools is not None else None
     if parsed.images and not multimodal:
         if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
             raise InvalidInputError(f"{parsed.model} is not a multimodal model")
@@ -124,7 +180,7 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         prepared_text = prepared.text
         chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
     else:
-        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages)
+        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools)
         prepared_text = prepared.text
         chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
     if parsed.wants_async:

@@ -120,3 +120,29 @@ def test_a_cloud_failure_before_the_first_token_falls_back_to_local(edge: LiveSe
     got = client.chat.completions.create(model="dead", messages=LONG, max_tokens=10, temperature=0)
     assert got.choices[0].message.content == expected.choices[0].message.content
     assert _metric(edge, 'edge_runtime_cloud_calls_total{model="dead",outcome="http_error"}') >= 1
+
+
+def test_tools_and_schemas_go_to_the_cloud_peer_unchanged(edge: LiveServer) -> None:
+    """The peer serves the same weights: with the same seed its constrained answer is the local one."""
+    import json
+
+    tool = {"type": "function", "function": {"name": "tap", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["x"], "additionalProperties": False}}}
+    kwargs = dict(messages=LONG, max_tokens=60, seed=4, tools=[tool], tool_choice="required",
+                  parallel_tool_calls=False)
+    client = _client(edge)
+    here = client.chat.completions.create(model="local", **kwargs).choices[0]
+    there = client.chat.completions.create(model="always", **kwargs).choices[0]
+    assert here.finish_reason == there.finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in there.message.tool_calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in here.message.tool_calls]
+    streamed = "".join(d.function.arguments or "" for chunk in client.chat.completions.create(
+        model="always", stream=True, **kwargs) for choice in chunk.choices for d in choice.delta.tool_calls or ())
+    assert json.loads(streamed) == json.loads(here.message.tool_calls[0].function.arguments)
+    schema = {"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"],
+              "additionalProperties": False}
+    answers = [client.chat.completions.create(model=name, messages=LONG, max_tokens=20, seed=1, response_format={
+        "type": "json_schema", "json_schema": {"name": "k", "schema": schema}}).choices[0].message.content
+        for name in ("local", "always")]
+    assert answers[0] == answers[1] and json.loads(answers[1])["k"] in ("a", "b")
