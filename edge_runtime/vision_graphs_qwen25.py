@@ -88,11 +88,14 @@ class _Qwen25Vision(_QwenVision):
             allowed = g.op("And", [allowed, self.same(g.op("Div", [block, size]))])
         return self.bias(allowed)
 
-    def biases(self, full: str) -> list[str]:
+    def block_biases(self) -> list[str | None]:
         windowed = self.window_bias()
-        return [full if n in self.s.fullatt_blocks else windowed for n in range(self.s.depth)]
+        if self.fused:
+            windowed = self.g.op("Unsqueeze", [windowed, self.ints(0, 1)])
+        return [None if n in self.s.fullatt_blocks else windowed for n in range(self.s.depth)]
 
 
-def build_qwen2_5_vl_vision(spec: Qwen25VisionSpec, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The Qwen2.5-VL ``vision_encoder`` graph (see the module docstring)."""
-    return _Qwen25Vision(spec, weights, "image_grid_thw").build()
+def build_qwen2_5_vl_vision(spec: Qwen25VisionSpec, weights: dict[str, np.ndarray],
+                            fused: bool = False) -> onnx.ModelProto:
+    """The Qwen2.5-VL ``vision_encoder`` graph (see the module docstring; ``fused``: ORT's attention op)."""
+    return _Qwen25Vision(spec, weights, "image_grid_thw", fused).build()
