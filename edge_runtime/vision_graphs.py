@@ -19,7 +19,8 @@ Two forms of attention, the same numbers (``fused``):
   [heads, patches, patches] score tensors (at ~1,000 image tokens, 3,700 patches, those
   are 3 x 330 MB written and read per block) and no bias built at all; several frames
   take the branch with the bias. Runs wherever ONNX Runtime does (transformers.js's
-  onnxruntime-node included); a ``gpu`` plan leaves these nodes to the host.
+  onnxruntime-node included); OpenCL/Vulkan cannot take it, so the engine loads a fused
+  encoder on plan ``cpu`` (``generation.vision.encoder``).
 
 Rotary positions are computed *inside the graph* from ``grid_thw`` (no host-side
 tables): every patch finds its image by comparing its index with the running sum of
@@ -206,7 +207,7 @@ class _QwenVision(VisionGraph):
         self.s = spec
         self.grid = grid_name
 
-    def positions(self) -> tuple[str, str, str]:
+    def positions(self) -> tuple[str, str]:
         """(cos, sin) [1, patches, head_dim] of the 2-D rotary embedding; notes each patch's frame and merge
         block (``self.frame``, ``block_row``, ``block_col``) and whether the call holds one frame (``single``)."""
         g, s, m = self.g, self.s, self.s.merge
@@ -258,7 +259,8 @@ class _QwenVision(VisionGraph):
         frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
         self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for the biases
         if self.fused:  # one frame in the call (the host's case: one image): no bias needed
-            self.single = g.op("Equal", [g.op("ReduceSum", [t, self.ints(0)], keepdims=0), self.const("one", np.int64(1))])
+            frames = g.op("ReduceSum", [t, self.ints(0)], keepdims=0)
+            self.single = g.op("Equal", [frames, self.const("one", np.int64(1))])
         return g.op("Cos", [angles]), g.op("Sin", [angles])
 
     def frame_bias(self) -> str:

@@ -103,7 +103,8 @@ def test_fused_qwen_tower_keeps_images_apart() -> None:
 
 
 def test_fused_smolvlm_tower_equals_portable() -> None:
-    from edge_runtime.vision_graphs_idefics import IdeficsVisionSpec, build_idefics3_vision, random_idefics_vision_weights
+    from edge_runtime.vision_graphs_idefics import (IdeficsVisionSpec, build_idefics3_vision,
+                                                    random_idefics_vision_weights)
 
     spec = IdeficsVisionSpec(layers=2)
     weights = random_idefics_vision_weights(spec, np.random.default_rng(SEED))

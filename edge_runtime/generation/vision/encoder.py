@@ -4,7 +4,9 @@ The graph is an ordinary tensor model: loaded through the runtime like any
 other (``Runtime.load(path, plan=...)``, so on a phone it may run on the GPU
 while the CPU decodes), given as a ``loader`` callable; without one (a model
 built outside a ``Runtime``) it runs in an ONNX Runtime CPU session. It is
-called on the thread that prepares a request, never on the batcher's.
+called on the thread that prepares a request, never on the batcher's. A fused
+encoder (ONNX Runtime's contrib attention, what ``convert`` writes by default)
+always gets plan ``cpu``: OpenCL and Vulkan cannot take its attention nodes.
 """
 
 from __future__ import annotations
