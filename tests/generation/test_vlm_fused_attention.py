@@ -141,3 +141,22 @@ def test_fused_encoder_runs_on_the_cpu_plan(tmp_path: Path) -> None:
         onnx.save(model, tmp_path / name)
         VisionEncoder(tmp_path / name, 64, loader=loader, plan="gpu").close()
     assert asked == [("fused.onnx", "cpu"), ("portable.onnx", "gpu")]
+
+
+def test_convert_writes_fused_attention_unless_portable_is_asked(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``convert --to onnx``: the fused encoder by default, standard ops with --portable-attention; the same
+    features from both on a real processed image (transformers' checkpoint, converted twice)."""
+    pytest.importorskip("torch")
+    from vlm_checkpoints import VLMSpec, checkpoint, model_inputs, sample_image, session, vision_feeds, vlm_root
+
+    from edge_runtime.cli import main
+
+    hf = checkpoint(VLMSpec(family="qwen2_vl"), vlm_root(tmp_path_factory))
+    root = tmp_path_factory.mktemp("converted")
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(root / "fused")]) == 0
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(root / "portable"), "--portable-attention"]) == 0
+    fused, portable = (onnx.load(str(root / kind / "onnx" / "vision_encoder.onnx")) for kind in ("fused", "portable"))
+    _check_forms(fused, portable)
+    feeds = vision_feeds("qwen2_vl", model_inputs("qwen2_vl", root / "fused", sample_image(), "what is shown"))
+    want, got = (session(root / kind, "vision_encoder").run(None, feeds)[0] for kind in ("portable", "fused"))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(float(np.max(np.abs(want))), 1.0))
