@@ -258,6 +258,10 @@ class _QwenVision(VisionGraph):
         frame_ends = g.op("CumSum", [t, self.const("axis0", np.int64(0))])
         frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
         self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for the biases
+        # for windowed attention (Qwen2.5-VL): per image t, h, w; per patch its image, frame in the image,
+        # row and column in its merge block
+        self.grid_cols, self.image = (t, h, w), image
+        self.frame_in_image, self.in_row, self.in_col = g.op("Div", [local, area]), in_row, in_col
         if self.fused:  # one frame in the call (the host's case: one image): no bias needed
             frames = g.op("ReduceSum", [t, self.ints(0)], keepdims=0)
             self.single = g.op("Equal", [frames, self.const("one", np.int64(1))])
@@ -287,12 +291,7 @@ class _QwenVision(VisionGraph):
             q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=1)
             q, k = self.rotate(q, cos, sin, d), self.rotate(k, cos, sin, d)
             q, k, v = (g.op("Reshape", [t, self.ints(1, -1, s.embed_dim)]) for t in (q, k, v))
-            if bias is not None:
-                out = self.mha(q, k, v, s.heads, bias=bias)
-            else:
-                out = self.if_(self.single, lambda: self.mha(q, k, v, s.heads),
-                               lambda: self.mha(q, k, v, s.heads, bias=frame_bias))
-            out = g.op("Reshape", [out, self.ints(-1, s.embed_dim)])
+            out = g.op("Reshape", [self.attend(n, q, k, v, bias, frame_bias), self.ints(-1, s.embed_dim)])
         else:
             qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])
             qkv = g.op("Transpose", [qkv], perm=[1, 2, 0, 3])  # [3, heads, patches, dim]
@@ -302,6 +301,14 @@ class _QwenVision(VisionGraph):
             out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(-1, s.embed_dim)])
         x = g.op("Add", [x, self.linear(out, p + "attn.proj")])
         return g.op("Add", [x, self.mlp(self.norm(x, p + "norm2"), p)])
+
+    def attend(self, n: int, q: str, k: str, v: str, bias: str | None, frame_bias: str) -> str:
+        """Fused attention of block ``n`` over [1, patches, embed] q/k/v: within each frame (flash when the
+        call holds one frame), or with ``bias`` [1, 1, patches, patches]."""
+        heads = self.s.heads
+        if bias is not None:
+            return self.mha(q, k, v, heads, bias=bias)
+        return self.if_(self.single, lambda: self.mha(q, k, v, heads), lambda: self.mha(q, k, v, heads, bias=frame_bias))
 
     def build(self) -> onnx.ModelProto:
         g, s = self.g, self.s
