@@ -308,7 +308,8 @@ class _QwenVision(VisionGraph):
         heads = self.s.heads
         if bias is not None:
             return self.mha(q, k, v, heads, bias=bias)
-        return self.if_(self.single, lambda: self.mha(q, k, v, heads), lambda: self.mha(q, k, v, heads, bias=frame_bias))
+        return self.if_(self.single, lambda: self.mha(q, k, v, heads),
+                        lambda: self.mha(q, k, v, heads, bias=frame_bias))
 
     def build(self) -> onnx.ModelProto:
         g, s = self.g, self.s

@@ -8,6 +8,9 @@ the patches window by window, attends over contiguous windows, and restores the 
 after the merger; attention is the same under any order given the same visible sets,
 and the merger works on whole merge blocks, so here the patches keep their order and
 each windowed block gets a mask "same frame, same window row, same window column".
+The fused form (``fused=True``) instead scatters the patches into one row of W slots per
+window, attends per window with ONNX Runtime's ``MultiHeadAttention`` (empty slots of
+edge windows masked as keys) and gathers them back: windows * W² work, not patches².
 Input ``pixel_values`` and ``image_grid_thw`` (transformers.js's name for Qwen2.5-VL).
 """
 
