@@ -1,8 +1,8 @@
 """``edge-runtime convert MODEL --to ncnn [--shape NAME=D,..]``: convert ahead of time.
 
-``edge-runtime convert HF_FOLDER --to onnx --out DIR [--precision fp16]`` instead writes a
-vision-language checkpoint (transformers folder) as ONNX in the transformers.js layout
-(``edge_runtime.vision_convert``).
+``edge-runtime convert HF_FOLDER --to onnx --out DIR [--precision fp16] [--portable-attention]``
+instead writes a vision-language checkpoint (transformers folder) as ONNX in the transformers.js
+layout (``edge_runtime.vision_convert``).
 
 Converts an ONNX model with pnnx into the cache (``$EDGE_RUNTIME_CACHE/ncnn/<key>/``)
 and runs the correctness gate, exactly as the first load would; prints the
@@ -32,6 +32,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=("fp32", "fp16"), default=None,
                         help="weights and arithmetic (default: the runtime's, fp32); --to onnx: fp16 also "
                              "writes each part's _fp16 variant beside the fp32 one")
+    parser.add_argument("--portable-attention", action="store_true",
+                        help="--to onnx: write the vision encoder's attention in standard ONNX ops (for plan gpu, "
+                             "whose OpenCL/Vulkan backends then take it) instead of ONNX Runtime's fused "
+                             "MultiHeadAttention, the fast form on the CPU (default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -61,7 +65,8 @@ def run_vlm_convert(args: argparse.Namespace) -> int:
               "folder (config.json + model.safetensors)", file=sys.stderr)
         return 2
     try:
-        out = convert_vlm_folder(args.model, args.out, fp16=args.precision == "fp16")
+        out = convert_vlm_folder(args.model, args.out, fp16=args.precision == "fp16",
+                                 fused=not args.portable_attention)
     except (EdgeRuntimeError, ValueError) as exc:
         print(f"edge-runtime convert: {exc}", file=sys.stderr)
         return 1

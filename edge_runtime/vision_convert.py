@@ -114,8 +114,12 @@ def _fold_chat_template(hf_folder: Path, tokenizer_config: Path) -> None:
     tokenizer_config.write_text(json.dumps(settings, indent=2))
 
 
-def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
-    """Write the transformers.js layout for the checkpoint in ``hf_folder`` into ``out``; returns ``out``."""
+def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bool = True) -> Path:
+    """Write the transformers.js layout for the checkpoint in ``hf_folder`` into ``out``; returns ``out``.
+
+    ``fused``: the vision encoder's attention as ONNX Runtime's ``MultiHeadAttention`` (the CPU's fast
+    form, flash attention for one image); False: standard ops only, for ``gpu`` plans whose backends
+    should take the attention too (``vlm_parts.iter_vlm_parts``)."""
     from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, check_vlm_config, iter_vlm_parts, save_parts
 
     hf_folder, out = Path(hf_folder), Path(out)
@@ -134,7 +138,7 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False) -> Path:
         check_vlm_config(config)  # refuse before writing anything
         out.mkdir(parents=True, exist_ok=True)
         (out / "onnx").mkdir(exist_ok=True)
-        external = save_parts(out, iter_vlm_parts(config, weights, data_dir=out / "onnx"), fp16)
+        external = save_parts(out, iter_vlm_parts(config, weights, data_dir=out / "onnx", fused=fused), fp16)
     except KeyError as exc:
         raise ModelLoadError(f"{hf_folder}: the checkpoint lacks weight or config field {exc} that "
                              f"model_type {family!r} needs") from None

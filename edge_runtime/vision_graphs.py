@@ -9,6 +9,19 @@ its stride is a MatMul of the flattened patches), blocks of LayerNorm, full atte
 with 2-D rotary embeddings, quick-GELU MLP, then the patch merger (LayerNorm, 2x2 merge,
 GELU MLP). Attention is confined to each frame (transformers' ``cu_seqlens``).
 
+Two forms of attention, the same numbers (``fused``):
+
+* portable (``fused=False``): MatMul, Add of a [patches, patches] bias, Softmax, MatMul
+  in standard ops, so every backend of a ``gpu`` plan (OpenCL, Vulkan) can take it.
+* fused (``fused=True``): ONNX Runtime's ``com.microsoft`` ``MultiHeadAttention``. When
+  the call holds a single frame (one image: the host encodes one at a time) an ``If``
+  takes the bias-free branch, which ORT's CPU kernel runs as flash attention: no
+  [heads, patches, patches] score tensors (at ~1,000 image tokens, 3,700 patches, those
+  are 3 x 330 MB written and read per block) and no bias built at all; several frames
+  take the branch with the bias. Runs wherever ONNX Runtime does (transformers.js's
+  onnxruntime-node included); OpenCL/Vulkan cannot take it, so the engine loads a fused
+  encoder on plan ``cpu`` (``generation.vision.encoder``).
+
 Rotary positions are computed *inside the graph* from ``grid_thw`` (no host-side
 tables): every patch finds its image by comparing its index with the running sum of
 t*h*w, then its (row, column) from the merge-block order. Several images per call work.
@@ -19,12 +32,13 @@ t*h*w, then its (row, column) from the merge-block order. Several images per cal
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edge_runtime.model_zoo import _GraphBuilder
+from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, OPSET, _GraphBuilder, initializer_bytes
 
 
 @dataclass(frozen=True)
@@ -71,9 +85,10 @@ def qwen_vision_spec(config: dict) -> QwenVisionSpec:
 class VisionGraph:
     """Small helpers over ``_GraphBuilder`` shared by the vision towers: linear, norms, activations."""
 
-    def __init__(self, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, weights: dict[str, np.ndarray], fused: bool = False) -> None:
         self.w = weights
         self.g = _GraphBuilder(0)
+        self.fused = fused
 
     def const(self, name: str, value: np.ndarray | np.generic) -> str:
         return self.g.const(name, np.asarray(value))
@@ -143,15 +158,58 @@ class VisionGraph:
             scores = g.op("Add", [scores, bias])
         return g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
 
+    def branch(self, name: str, build: Callable[[], str]) -> onnx.GraphProto:
+        """A subgraph (for ``If``) of the nodes ``build`` emits; its output is what ``build`` returns.
+        Constants it makes go to the main graph (visible from the branch as outer-scope names)."""
+        outer, self.g.nodes = self.g.nodes, []
+        try:
+            out = build()
+            return helper.make_graph(self.g.nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT,
+                                                                                             None)])
+        finally:
+            self.g.nodes = outer
+
+    def if_(self, cond: str, then: Callable[[], str], otherwise: Callable[[], str]) -> str:
+        return self.g.op("If", [cond], then_branch=self.branch(self.g.name("then"), then),
+                         else_branch=self.branch(self.g.name("else"), otherwise))
+
+    def mha(self, q: str, k: str, v: str, heads: int, bias: str | None = None, key_mask: str | None = None) -> str:
+        """ONNX Runtime's ``MultiHeadAttention`` over [batch, seq, heads*dim] q/k/v (scale 1/sqrt(dim));
+        ``bias`` [batch|1, 1, seq, seq] float added to the scores, ``key_mask`` [batch, seq] int32 (0: a
+        key nobody attends to). Without either, ORT's CPU kernel runs flash attention."""
+        inputs = [q, k, v]
+        if bias is not None or key_mask is not None:
+            inputs += ["", key_mask or "", bias or ""]
+        # -30000 as ``bias()``: exp() of it is 0 in float32 and an fp16 variant keeps headroom
+        return self.g.op("MultiHeadAttention", inputs, domain="com.microsoft", num_heads=heads,
+                         mask_filter_value=-30000.0)
+
+    def finish(self, name: str, inputs: list[onnx.ValueInfoProto],
+               outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+        """The model; a fused graph also imports the ``com.microsoft`` domain of its contrib ops."""
+        if not self.fused:
+            return self.g.model(name, inputs, outputs)
+        graph = helper.make_graph(self.g.nodes, name, inputs, outputs, self.g.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid("com.microsoft", 1)],
+                                  producer_name="edge-runtime-make-models")
+        model.ir_version = 8  # as _GraphBuilder.model: readable by every onnxruntime release we support
+        external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+        if not external and initializer_bytes(model) < IN_MEMORY_CHECK_BYTES:  # else checked once saved
+            onnx.checker.check_model(model)
+        return model
+
 
 class _QwenVision(VisionGraph):
-    def __init__(self, spec: QwenVisionSpec, weights: dict[str, np.ndarray], grid_name: str) -> None:
-        super().__init__(weights)
+    def __init__(self, spec: QwenVisionSpec, weights: dict[str, np.ndarray], grid_name: str,
+                 fused: bool = False) -> None:
+        super().__init__(weights, fused)
         self.s = spec
         self.grid = grid_name
 
-    def positions(self) -> tuple[str, str, str]:
-        """(cos, sin) [1, patches, head_dim] of the 2-D rotary embedding and the attention bias [patches, patches]."""
+    def positions(self) -> tuple[str, str]:
+        """(cos, sin) [1, patches, head_dim] of the 2-D rotary embedding; notes each patch's frame and merge
+        block (``self.frame``, ``block_row``, ``block_col``) and whether the call holds one frame (``single``)."""
         g, s, m = self.g, self.s, self.s.merge
         col = {axis: g.op("Gather", [self.grid, self.const("axis", np.int64(axis))], axis=1) for axis in range(3)}
         t, h, w = col[0], col[1], col[2]
@@ -199,8 +257,24 @@ class _QwenVision(VisionGraph):
         # attention stays within one frame: global frame number = frames of earlier images + frame in image
         frame_ends = g.op("CumSum", [t, self.const("axis0", np.int64(0))])
         frame = g.op("Add", [g.op("Gather", [g.op("Sub", [frame_ends, t]), image]), g.op("Div", [local, area])])
-        self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for windowed attention
-        return g.op("Cos", [angles]), g.op("Sin", [angles]), self.bias(self.same(frame))
+        self.frame, self.block_row, self.block_col = frame, block_row, block_col  # for the biases
+        # for windowed attention (Qwen2.5-VL): per image t, h, w; per patch its image, frame in the image,
+        # row and column in its merge block
+        self.grid_cols, self.image = (t, h, w), image
+        self.frame_in_image, self.in_row, self.in_col = g.op("Div", [local, area]), in_row, in_col
+        if self.fused:  # one frame in the call (the host's case: one image): no bias needed
+            frames = g.op("ReduceSum", [t, self.ints(0)], keepdims=0)
+            self.single = g.op("Equal", [frames, self.const("one", np.int64(1))])
+        return g.op("Cos", [angles]), g.op("Sin", [angles])
+
+    def frame_bias(self) -> str:
+        """[patches, patches]: 0 within a frame, -30000 across frames."""
+        return self.bias(self.same(self.frame))
+
+    def block_biases(self) -> list[str | None]:
+        """Per block the bias its attention adds (fused: [1, 1, patches, patches]); None: attention
+        within each frame, Qwen2-VL's in every block."""
+        return [None] * self.s.depth
 
     def norm(self, x: str, name: str) -> str:
         return self.layer_norm(x, name, 1e-6)
@@ -208,30 +282,53 @@ class _QwenVision(VisionGraph):
     def mlp(self, x: str, prefix: str) -> str:
         return self.linear(self.act(self.linear(x, prefix + "mlp.fc1"), self.s.act), prefix + "mlp.fc2")
 
-    def biases(self, full: str) -> list[str]:
-        """Each block's attention bias; Qwen2-VL attends over the whole frame in every block."""
-        return [full] * self.s.depth
-
-    def block(self, x: str, n: int, cos: str, sin: str, bias: str) -> str:
+    def block(self, x: str, n: int, cos: str, sin: str, bias: str | None, frame_bias: str) -> str:
         g, s, d = self.g, self.s, self.s.head_dim
         p = f"visual.blocks.{n}."
         h = self.norm(x, p + "norm1")
-        qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])
-        qkv = g.op("Transpose", [qkv], perm=[1, 2, 0, 3])  # [3, heads, patches, dim]
-        q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=0)
-        q, k = self.rotate(q, cos, sin, d), self.rotate(k, cos, sin, d)
-        out = self.attention(q, k, v, bias, d)  # [1, heads, patches, dim]
-        out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(-1, s.embed_dim)])
+        if self.fused:
+            qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])  # [patches, 3, h, d]
+            q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=1)
+            q, k = self.rotate(q, cos, sin, d), self.rotate(k, cos, sin, d)
+            q, k, v = (g.op("Reshape", [t, self.ints(1, -1, s.embed_dim)]) for t in (q, k, v))
+            out = g.op("Reshape", [self.attend(n, q, k, v, bias, frame_bias), self.ints(-1, s.embed_dim)])
+        else:
+            qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])
+            qkv = g.op("Transpose", [qkv], perm=[1, 2, 0, 3])  # [3, heads, patches, dim]
+            q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=0)
+            q, k = self.rotate(q, cos, sin, d), self.rotate(k, cos, sin, d)
+            out = self.attention(q, k, v, frame_bias if bias is None else bias, d)  # [1, heads, patches, dim]
+            out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(-1, s.embed_dim)])
         x = g.op("Add", [x, self.linear(out, p + "attn.proj")])
         return g.op("Add", [x, self.mlp(self.norm(x, p + "norm2"), p)])
+
+    def attend(self, n: int, q: str, k: str, v: str, bias: str | None, frame_bias: str) -> str:
+        """Fused attention of block ``n`` over [1, patches, embed] q/k/v: within each frame (flash when the
+        call holds one frame), or with ``bias`` [1, 1, patches, patches]."""
+        heads = self.s.heads
+        if bias is not None:
+            return self.mha(q, k, v, heads, bias=bias)
+        return self.if_(self.single, lambda: self.mha(q, k, v, heads),
+                        lambda: self.mha(q, k, v, heads, bias=frame_bias))
 
     def build(self) -> onnx.ModelProto:
         g, s = self.g, self.s
         kernel = self.w["visual.patch_embed.proj.weight"].reshape(s.embed_dim, -1)
         x = g.op("MatMul", ["pixel_values", self.const("patch_embed", np.ascontiguousarray(kernel.T))])
-        cos, sin, bias = self.positions()
-        for n, block_bias in enumerate(self.biases(bias)):
-            x = self.block(x, n, cos, sin, block_bias)
+        cos, sin = self.positions()
+        biases = self.block_biases()
+        if not self.fused:
+            frame_bias = self.frame_bias() if None in biases else ""
+        else:
+            # [patches, 1, 1, head_dim]: q and k are [patches, 1, heads, head_dim] in the fused blocks
+            cos, sin = (g.op("Reshape", [t, self.ints(-1, 1, 1, s.head_dim)]) for t in (cos, sin))
+            # built only when several frames share the call (the If's other branch is a dummy)
+            frame_bias = self.if_(self.single, lambda: g.op("Identity", [self.const("unused", np.zeros((1, 1, 1, 1),
+                                                                                                        np.float32))]),
+                                  lambda: g.op("Unsqueeze", [self.frame_bias(), self.ints(0, 1)])
+                                  ) if None in biases else ""
+        for n, block_bias in enumerate(biases):
+            x = self.block(x, n, cos, sin, block_bias, frame_bias)
         x = self.norm(x, "visual.merger.ln_q")
         x = g.op("Reshape", [x, self.ints(-1, s.embed_dim * s.merge * s.merge)])
         x = self.linear(self.act(self.linear(x, "visual.merger.mlp.0"), "gelu"), "visual.merger.mlp.2")
@@ -239,10 +336,10 @@ class _QwenVision(VisionGraph):
         inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
                   helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
         out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", s.out_hidden])
-        return g.model(f"{s.config()['model_type']}_vision_encoder", inputs, [out])
+        return self.finish(f"{s.config()['model_type']}_vision_encoder", inputs, [out])
 
 
-def build_qwen2_vl_vision(spec: QwenVisionSpec, weights: dict[str, np.ndarray],
-                          grid_name: str = "grid_thw") -> onnx.ModelProto:
-    """The Qwen2-VL ``vision_encoder`` graph (see the module docstring)."""
-    return _QwenVision(spec, weights, grid_name).build()
+def build_qwen2_vl_vision(spec: QwenVisionSpec, weights: dict[str, np.ndarray], grid_name: str = "grid_thw",
+                          fused: bool = False) -> onnx.ModelProto:
+    """The Qwen2-VL ``vision_encoder`` graph (see the module docstring; ``fused``: ORT's attention op)."""
+    return _QwenVision(spec, weights, grid_name, fused).build()

@@ -11,6 +11,11 @@ coordinates of each tile's valid area, LayerNorm, attention with padded patches 
 as keys, gelu-tanh MLP, post LayerNorm), then the connector (pixel shuffle by
 ``scale_factor``, one linear projection).
 
+``fused=True`` writes the attention as ONNX Runtime's ``MultiHeadAttention`` (see
+``edge_runtime.vision_graphs``): an ``If`` runs it without a mask (flash attention on
+ORT's CPU) when every patch of every tile is valid (one image's tiles always are),
+else with the key padding mask.
+
 ``weights`` use the checkpoint's names (``model.vision_model.*``, ``model.connector.*``).
 H and W must equal ``image_size`` (the processor's tiles always do).
 """
@@ -89,8 +94,8 @@ def random_idefics_vision_weights(spec: IdeficsVisionSpec, rng: np.random.Genera
 
 
 class _IdeficsVision(VisionGraph):
-    def __init__(self, spec: IdeficsVisionSpec, weights: dict[str, np.ndarray]) -> None:
-        super().__init__(weights)
+    def __init__(self, spec: IdeficsVisionSpec, weights: dict[str, np.ndarray], fused: bool = False) -> None:
+        super().__init__(weights, fused)
         self.s = spec
 
     def real_tiles(self) -> tuple[str, str]:
@@ -138,11 +143,16 @@ class _IdeficsVision(VisionGraph):
         g, s = self.g, self.s
         d, p = s.hidden // s.heads, f"model.vision_model.encoder.layers.{n}."
         h = self.layer_norm(x, p + "layer_norm1", s.eps)
-        heads = [g.op("Transpose", [g.op("Reshape", [self.linear(h, p + f"self_attn.{kind}_proj"),
-                                                     self.ints(0, 0, s.heads, d)])], perm=[0, 2, 1, 3])
-                 for kind in ("q", "k", "v")]
-        out = self.attention(*heads, bias, d)
-        out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(0, 0, s.hidden)])
+        if self.fused:  # q, k, v stay [tiles, patches, hidden]; ``bias`` is the [tiles, patches] int32 key mask
+            q, k, v = (self.linear(h, p + f"self_attn.{kind}_proj") for kind in ("q", "k", "v"))
+            out = self.if_(self.all_valid, lambda: self.mha(q, k, v, s.heads),
+                           lambda: self.mha(q, k, v, s.heads, key_mask=bias))
+        else:
+            heads = [g.op("Transpose", [g.op("Reshape", [self.linear(h, p + f"self_attn.{kind}_proj"),
+                                                         self.ints(0, 0, s.heads, d)])], perm=[0, 2, 1, 3])
+                     for kind in ("q", "k", "v")]
+            out = self.attention(*heads, bias, d)
+            out = g.op("Reshape", [g.op("Transpose", [out], perm=[0, 2, 1, 3]), self.ints(0, 0, s.hidden)])
         x = g.op("Add", [x, self.linear(out, p + "self_attn.out_proj")])
         h = self.layer_norm(x, p + "layer_norm2", s.eps)
         return g.op("Add", [x, self.linear(self.act(self.linear(h, p + "mlp.fc1"), s.act), p + "mlp.fc2")])
@@ -160,7 +170,11 @@ class _IdeficsVision(VisionGraph):
         x = g.op("Transpose", [g.op("Reshape", [x, self.ints(0, s.hidden, -1)])], perm=[0, 2, 1])  # [tiles, P, E]
         table = self.const("positions", self.w[p + "position_embedding.weight"])
         x = g.op("Add", [x, g.op("Gather", [table, self.position_ids(patch_mask)])])
-        bias = self.bias(g.op("Reshape", [patch_mask, self.ints(0, 1, 1, -1)]))  # padded patches masked as keys
+        if self.fused:  # padded patches masked as keys (when there are any: else no mask at all)
+            bias = g.op("Cast", [g.op("Reshape", [patch_mask, self.ints(0, -1)])], to=TensorProto.INT32)
+            self.all_valid = g.op("Cast", [g.op("ReduceMin", [bias], keepdims=0)], to=TensorProto.BOOL)
+        else:
+            bias = self.bias(g.op("Reshape", [patch_mask, self.ints(0, 1, 1, -1)]))  # padded patches masked as keys
         for n in range(s.layers):
             x = self.layer(x, n, bias)
         x = self.layer_norm(x, "model.vision_model.post_layernorm", s.eps)
@@ -177,9 +191,10 @@ class _IdeficsVision(VisionGraph):
                                                 ["batch_size", "num_images", "height", "width"])]
         out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT,
                                             ["num_real_images", s.image_seq_len, s.text_hidden])
-        return g.model("idefics3_vision_encoder", inputs, [out])
+        return self.finish("idefics3_vision_encoder", inputs, [out])
 
 
-def build_idefics3_vision(spec: IdeficsVisionSpec, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The Idefics3/SmolVLM ``vision_encoder`` graph (see the module docstring)."""
-    return _IdeficsVision(spec, weights).build()
+def build_idefics3_vision(spec: IdeficsVisionSpec, weights: dict[str, np.ndarray],
+                          fused: bool = False) -> onnx.ModelProto:
+    """The Idefics3/SmolVLM ``vision_encoder`` graph (see the module docstring; ``fused``: ORT's attention op)."""
+    return _IdeficsVision(spec, weights, fused).build()

@@ -8,6 +8,9 @@ the patches window by window, attends over contiguous windows, and restores the 
 after the merger; attention is the same under any order given the same visible sets,
 and the merger works on whole merge blocks, so here the patches keep their order and
 each windowed block gets a mask "same frame, same window row, same window column".
+The fused form (``fused=True``) instead scatters the patches into one row of W slots per
+window, attends per window with ONNX Runtime's ``MultiHeadAttention`` (empty slots of
+edge windows masked as keys) and gathers them back: windows * W² work, not patches².
 Input ``pixel_values`` and ``image_grid_thw`` (transformers.js's name for Qwen2.5-VL).
 """
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 from edge_runtime.vision_graphs import QwenVisionSpec, _QwenVision
 
@@ -88,11 +92,73 @@ class _Qwen25Vision(_QwenVision):
             allowed = g.op("And", [allowed, self.same(g.op("Div", [block, size]))])
         return self.bias(allowed)
 
-    def biases(self, full: str) -> list[str]:
+    def block_biases(self) -> list[str | None]:
+        if self.fused:  # windowed blocks attend window by window (``windowed``), full ones frame by frame
+            self.windows = self.window_slots()
+            return [None if n in self.s.fullatt_blocks else "windowed" for n in range(self.s.depth)]
         windowed = self.window_bias()
-        return [full if n in self.s.fullatt_blocks else windowed for n in range(self.s.depth)]
+        return [None if n in self.s.fullatt_blocks else windowed for n in range(self.s.depth)]
+
+    def window_slots(self) -> tuple[str, str, str]:
+        """(slot [patches, 1], zeros [windows * W, embed], key mask [windows, W] int32) with W patches a window.
+
+        Every window gets W = (window_blocks * merge)² slots, in transformers' window order (image, frame,
+        window row, window column; inside: merge blocks row by row, patches as in a merge block); windows at
+        the right and bottom edges are partly empty, their empty slots masked as keys. Attention over
+        [windows, W] costs windows * W² instead of patches², what transformers' per-window attention costs.
+        """
+        g, m, wb = self.g, self.s.merge, self.s.window_blocks
+        one, size = self.const("one", np.int64(1)), self.const("wb", np.int64(wb))
+        t, h, w = self.grid_cols
+
+        def windows_across(sides: str) -> str:  # ceil(max(sides / merge, 1) / window_blocks)
+            blocks = g.op("Max", [g.op("Div", [sides, self.const("m", np.int64(m))]), one])
+            return g.op("Div", [g.op("Add", [blocks, self.const("wb1", np.int64(wb - 1))]), size])
+
+        rows, cols = windows_across(h), windows_across(w)  # per image
+        per_frame = g.op("Mul", [rows, cols])
+        per_image = g.op("Mul", [t, per_frame])
+        total = g.op("ReduceSum", [per_image, self.ints(0)], keepdims=1)  # [1]
+        first = g.op("Sub", [g.op("CumSum", [per_image, self.const("axis0", np.int64(0))]), per_image])
+        image = self.image
+        window = g.op("Add", [g.op("Gather", [first, image]),
+                              g.op("Mul", [self.frame_in_image, g.op("Gather", [per_frame, image])])])
+        window = g.op("Add", [window, g.op("Add", [
+            g.op("Mul", [g.op("Div", [self.block_row, size]), g.op("Gather", [cols, image])]),
+            g.op("Div", [self.block_col, size])])])
+        inside = g.op("Add", [g.op("Mul", [g.op("Mod", [self.block_row, size]), size]),
+                              g.op("Mod", [self.block_col, size])])
+        mm = self.const("mm", np.int64(m * m))
+        inside = g.op("Add", [g.op("Mul", [inside, mm]),
+                              g.op("Add", [g.op("Mul", [self.in_row, self.const("m", np.int64(m))]), self.in_col])])
+        per_window = (wb * m) ** 2
+        slots = g.op("Mul", [total, self.const("w", np.int64(per_window))])
+        slot = g.op("Add", [g.op("Mul", [window, self.const("w", np.int64(per_window))]), inside])
+        # total on a grid that does not match the patch count (the planner's probes): stay in range
+        slot = g.op("Min", [g.op("Max", [slot, self.const("zero", np.int64(0))]), g.op("Sub", [slots, one])])
+        slot = g.op("Unsqueeze", [slot, self.ints(1)])
+        zeros = g.op("ConstantOfShape", [g.op("Concat", [slots, self.ints(self.s.embed_dim)], axis=0)],
+                     value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
+        taken = g.op("ScatterND", [g.op("ConstantOfShape", [slots], value=helper.make_tensor(
+            "zero", TensorProto.INT32, [1], [0])), slot, g.op("Expand", [self.const("one32", np.ones(1, np.int32)),
+                                                                          g.op("Shape", [self.image])])])
+        return slot, zeros, g.op("Reshape", [taken, self.ints(-1, per_window)])
+
+    def attend(self, n: int, q: str, k: str, v: str, bias: str | None, frame_bias: str) -> str:
+        if bias != "windowed":
+            return super().attend(n, q, k, v, bias, frame_bias)
+        g, s = self.g, self.s
+        slot, zeros, key_mask = self.windows
+        per_window = (s.window_blocks * s.merge) ** 2
+        # [1, patches, embed] -> [windows, W, embed], attention per window, back to the patches' order
+        q, k, v = (g.op("Reshape", [g.op("ScatterND", [zeros, slot, g.op("Reshape", [x, self.ints(-1, s.embed_dim)])]),
+                                    self.ints(-1, per_window, s.embed_dim)]) for x in (q, k, v))
+        out = self.mha(q, k, v, s.heads, key_mask=key_mask)
+        out = g.op("GatherND", [g.op("Reshape", [out, self.ints(-1, s.embed_dim)]), slot])
+        return g.op("Unsqueeze", [out, self.ints(0)])
 
 
-def build_qwen2_5_vl_vision(spec: Qwen25VisionSpec, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The Qwen2.5-VL ``vision_encoder`` graph (see the module docstring)."""
-    return _Qwen25Vision(spec, weights, "image_grid_thw").build()
+def build_qwen2_5_vl_vision(spec: Qwen25VisionSpec, weights: dict[str, np.ndarray],
+                            fused: bool = False) -> onnx.ModelProto:
+    """The Qwen2.5-VL ``vision_encoder`` graph (see the module docstring; ``fused``: ORT's attention op)."""
+    return _Qwen25Vision(spec, weights, "image_grid_thw", fused).build()

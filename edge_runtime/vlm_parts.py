@@ -131,12 +131,14 @@ def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tupl
     return family, shape, mrope, vision_spec(config)
 
 
-def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], data_dir: Path | None = None
-                   ) -> Iterator[tuple[str, onnx.ModelProto]]:
+def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], data_dir: Path | None = None,
+                   fused: bool = False) -> Iterator[tuple[str, onnx.ModelProto]]:
     """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``), built one at a
     time. ``weights`` may be any mapping giving float32 arrays on access. With ``data_dir`` each part's
     weights go straight to ``data_dir/<part>.onnx_data`` as it is built (``model_zoo.external_weights``):
-    a converter then holds about one tensor in memory, not a part of several GB."""
+    a converter then holds about one tensor in memory, not a part of several GB. ``fused``: the vision
+    encoder's attention as ONNX Runtime's ``MultiHeadAttention`` (fast on ORT's CPU; a ``gpu`` plan's
+    OpenCL/Vulkan backends leave it to the host) instead of standard ops."""
     family, shape, mrope, spec = check_vlm_config(config)
     text = text_weights(family, weights, tied=bool(text_config(config).get("tie_word_embeddings")))
     vision = vision_weights(family, weights)
@@ -146,7 +148,7 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
         from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision as build_vision
     else:
         from edge_runtime.vision_graphs_idefics import build_idefics3_vision as build_vision
-    builders = {"vision_encoder": lambda: build_vision(spec, vision),
+    builders = {"vision_encoder": lambda: build_vision(spec, vision, fused=fused),
                 "embed_tokens": lambda: build_embed_tokens(text["model.embed_tokens.weight"]),
                 "decoder_model_merged": lambda: build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope)}
     for name, build in builders.items():
@@ -158,9 +160,10 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
             yield name, part
 
 
-def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict[str, onnx.ModelProto]:
+def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
+                    fused: bool = False) -> dict[str, onnx.ModelProto]:
     """``iter_vlm_parts`` as a dict."""
-    return dict(iter_vlm_parts(config, weights))
+    return dict(iter_vlm_parts(config, weights, fused=fused))
 
 
 # decoder_model_merged always keeps its weights in "<file>_data" (as the onnx-community folders do, and so

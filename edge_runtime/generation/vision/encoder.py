@@ -4,7 +4,9 @@ The graph is an ordinary tensor model: loaded through the runtime like any
 other (``Runtime.load(path, plan=...)``, so on a phone it may run on the GPU
 while the CPU decodes), given as a ``loader`` callable; without one (a model
 built outside a ``Runtime``) it runs in an ONNX Runtime CPU session. It is
-called on the thread that prepares a request, never on the batcher's.
+called on the thread that prepares a request, never on the batcher's. A fused
+encoder (ONNX Runtime's contrib attention, what ``convert`` writes by default)
+always gets plan ``cpu``: OpenCL and Vulkan cannot take its attention nodes.
 """
 
 from __future__ import annotations
@@ -61,8 +63,16 @@ class VisionEncoder:
 
         self.path = Path(path)
         self.hidden_size = hidden_size
-        graph = onnx.load(str(self.path), load_external_data=False).graph
-        self.input_names = {value.name for value in graph.input}
+        model = onnx.load(str(self.path), load_external_data=False)
+        self.input_names = {value.name for value in model.graph.input}
+        if plan != "cpu" and any(entry.domain == "com.microsoft" for entry in model.opset_import):
+            # A fused encoder (ONNX Runtime's MultiHeadAttention under If nodes, ``convert`` without
+            # --portable-attention) is the CPU's form: a gpu plan's OpenCL/Vulkan stage cannot take those
+            # nodes and would fall back to the host at every image.
+            level = logging.INFO if plan == "auto" else logging.WARNING
+            log.log(level, "vision encoder %s has fused attention (ONNX Runtime contrib ops): it runs on plan "
+                    "cpu, not %s; convert with --portable-attention for a gpu plan", self.path.name, plan)
+            plan = "cpu"
         if loader is None:
             self.model = _SessionModel(self.path, threads)
         else:
