@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -67,3 +68,22 @@ def oracle_greedy(folder: Path, prompt: list[int], max_new: int, eos: set[int]) 
 
 def base_url(server: LiveServer) -> str:
     return f"http://{server.url}"
+
+
+@contextlib.contextmanager
+def served_repository(root: Path, cache_dir: Path) -> Iterator[LiveServer]:
+    """A live edge-runtime app over the model repository ``root`` (one intra-op thread, no OpenCL
+    probe), stopped and its runtime closed on exit."""
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.config import ServerConfig
+    from edge_runtime.serving.repository import ModelRepository
+
+    runtime = Runtime(RuntimeConfig(cache_dir=cache_dir, probe_opencl=False, intra_op_threads=1))
+    live = LiveServer(create_app(ServerConfig(), ModelRepository(root, runtime, drain_timeout_s=5.0))).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+        runtime.close()

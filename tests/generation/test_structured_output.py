@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import jsonschema
 import pytest
 
-from generation_fixtures import LiveServer, base_url
+from generation_fixtures import LiveServer, base_url, served_repository
 
 MESSAGES = [{"role": "system", "content": "You are a phone agent."},
             {"role": "user", "content": "open the settings menu then tap ok"}]
@@ -77,19 +77,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> P
 
 @pytest.fixture(scope="module")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from edge_runtime.config import RuntimeConfig
-    from edge_runtime.runtime import Runtime
-    from edge_runtime.server.app import create_app
-    from edge_runtime.server.config import ServerConfig
-    from edge_runtime.serving.repository import ModelRepository
-
-    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False,
-                                    intra_op_threads=1))
-    app = create_app(ServerConfig(), ModelRepository(repository, runtime, drain_timeout_s=5.0))
-    live = LiveServer(app).start()
-    yield live
-    live.stop()
-    runtime.close()
+    with served_repository(repository, tmp_path_factory.mktemp("cache")) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cloud_peer import ServerProcess
-from generation_fixtures import LiveServer, base_url
+from generation_fixtures import LiveServer, base_url, served_repository
 
 TOKEN = "vlm-peer-token"
 
@@ -53,22 +53,11 @@ def vlm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(vlm_folder: Path, qwen_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from edge_runtime.config import RuntimeConfig
-    from edge_runtime.runtime import Runtime
-    from edge_runtime.server.app import create_app
-    from edge_runtime.server.config import ServerConfig
-    from edge_runtime.serving.repository import ModelRepository
-
     root = tmp_path_factory.mktemp("vlm-repository")
     shutil.copytree(vlm_folder, root / "agent" / "1")
     (root / "agent" / "config.toml").write_text('[vision]\nmax_images = 2\nplan = "cpu"\n')
-    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), probe_opencl=False,
-                                    intra_op_threads=1))
-    app = create_app(ServerConfig(), ModelRepository(root, runtime, drain_timeout_s=5.0))
-    live = LiveServer(app).start()
-    yield live
-    live.stop()
-    runtime.close()
+    with served_repository(root, tmp_path_factory.mktemp("cache")) as live:
+        yield live
 
 
 def _model(server: LiveServer) -> Any:
