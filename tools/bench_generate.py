@@ -132,7 +132,14 @@ def best(values: list[float], high: bool = True) -> float:
 
 
 def main() -> int:
+    if "--structured" in sys.argv[1:]:  # the constrained-decoding comparison lives in its own module
+        import bench_structured
+
+        sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != "--structured")]
+        return bench_structured.main()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--structured", action="store_true",
+                        help="run tools/bench_structured.py instead (json_schema-constrained vs free decode)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, 32 new tokens (a smoke run)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
