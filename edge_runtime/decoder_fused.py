@@ -42,9 +42,12 @@ HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's CPU GroupQueryAttention refuses other h
 class _FusedDecoder(_Decoder):
     def simplified_norm(self, x: str, gamma: str, skip: str | None = None) -> tuple[str, str]:
         """(RMSNorm(x [+ skip]) * gamma, x [+ skip]): the normalised value and the new residual."""
-        g, weight = self.g, self.const(gamma, self.w[gamma])
         if skip is None:
-            return g.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=self.s.rms_eps), x
+            # NOTE: decoder_zoo's op chain, which ONNX Runtime fuses into its SimplifiedLayerNormalization;
+            # that op itself sits in the default domain without an ONNX schema, so onnx.checker (run on
+            # every saved VLM part) would refuse the graph.
+            return self.rms_norm(x, gamma), x
+        g, weight = self.g, self.const(gamma, self.w[gamma])
         out = g.op("SkipSimplifiedLayerNormalization", [x, skip, weight], 4, domain=MS, epsilon=self.s.rms_eps)
         return out[0], out[3]
 
@@ -131,8 +134,8 @@ class _FusedDecoder(_Decoder):
         logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
         graph = helper.make_graph(g.nodes, "qwen2_style_fused_decoder", graph_inputs + inputs, [logits] + outputs,
                                   g.initializers)
-        # NOTE: not checked with onnx.checker: it does not know the com.microsoft schemas; ONNX Runtime
-        # validates the graph when it loads it (the tests load every variant).
+        # NOTE: onnx.checker passes it but cannot check the com.microsoft nodes (it has no schemas for
+        # them); ONNX Runtime validates those when it loads the graph (the tests load every variant).
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
                                   producer_name="edge-runtime-decoder-fused")
         model.ir_version = 8
