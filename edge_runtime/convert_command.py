@@ -33,9 +33,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights and arithmetic (default: the runtime's, fp32); --to onnx: fp16 also "
                              "writes each part's _fp16 variant beside the fp32 one")
     parser.add_argument("--portable-attention", action="store_true",
-                        help="--to onnx: write the vision encoder's attention in standard ONNX ops (for plan gpu, "
-                             "whose OpenCL/Vulkan backends then take it) instead of ONNX Runtime's fused "
-                             "MultiHeadAttention, the fast form on the CPU (default)")
+                        help="--to onnx: write the vision encoder's and the decoder's attention in standard ONNX "
+                             "ops (for plan gpu, whose OpenCL/Vulkan backends then take it, and for runtimes "
+                             "without ONNX Runtime's contrib ops) instead of ONNX Runtime's fused "
+                             "MultiHeadAttention / GroupQueryAttention, the fast forms on the CPU (default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

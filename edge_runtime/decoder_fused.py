@@ -19,8 +19,12 @@ head_dim]``), GroupQueryAttention appends each row's new key/value in place at t
 own length: no per-token copy of the cache. With separate buffers ``present`` is
 ``past`` plus the new positions, as in the unfused graph (the prefill path).
 
-M-RoPE (Qwen2-VL) is not expressible with GroupQueryAttention's one-position rotary, so
-``inputs_embeds``/``mrope_section`` graphs are built unfused by ``decoder_zoo`` only.
+The VLM decoder (``inputs_embeds=True``: ``inputs_embeds`` [batch, seq, hidden] replaces
+``input_ids``) fuses the same way. With 1-D RoPE (Idefics3/SmolVLM) the rotary stays inside
+GroupQueryAttention. M-RoPE (Qwen2-VL/Qwen2.5-VL: ``position_ids`` [3, batch, seq]) gives each
+rotary channel its angle from one of three positions, which GroupQueryAttention's one-position
+rotary cannot express: there the graph rotates the packed query and key heads itself (rotate-half,
+as ``decoder_zoo``) and runs GroupQueryAttention with ``do_rotary=0`` (no cos/sin caches).
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ HEAD_DIM_MULTIPLE = 16  # ONNX Runtime's CPU GroupQueryAttention refuses other h
 class _FusedDecoder(_Decoder):
     def simplified_norm(self, x: str, gamma: str, skip: str | None = None) -> tuple[str, str]:
         """(RMSNorm(x [+ skip]) * gamma, x [+ skip]): the normalised value and the new residual."""
-        g, weight = self.g, self.const(gamma, self.w[gamma])
         if skip is None:
-            return g.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=self.s.rms_eps), x
+            # NOTE: decoder_zoo's op chain, which ONNX Runtime fuses into its SimplifiedLayerNormalization;
+            # that op itself sits in the default domain without an ONNX schema, so onnx.checker (run on
+            # every saved VLM part) would refuse the graph.
+            return self.rms_norm(x, gamma), x
+        g, weight = self.g, self.const(gamma, self.w[gamma])
         out = g.op("SkipSimplifiedLayerNormalization", [x, skip, weight], 4, domain=MS, epsilon=self.s.rms_eps)
         return out[0], out[3]
 
@@ -64,17 +71,30 @@ class _FusedDecoder(_Decoder):
         return (self.const("cos_cache", np.cos(angles).astype(np.float32)),
                 self.const("sin_cache", np.sin(angles).astype(np.float32)))
 
+    def mrope_rotary(self) -> tuple[str, str]:
+        """[batch, seq, 1, head_dim] M-RoPE cos and sin: ``decoder_zoo``'s angles, laid out to broadcast over
+        the heads of a [batch, seq, heads, head_dim] tensor (the packed projection's own layout)."""
+        return tuple(self.g.op("Transpose", [t], perm=[0, 2, 1, 3]) for t in self.mrope_cos_sin())
+
+    def rotate_packed(self, packed: str, cos: str, sin: str) -> str:
+        """The packed QKV with its query and key heads rotated (the value heads untouched), still packed."""
+        s, g = self.s, self.g
+        qk, v = g.op("Split", [packed, self.const("split", np.array(
+            [(s.heads + s.kv_heads) * s.head_dim, s.kv_heads * s.head_dim], np.int64))], 2, axis=-1)
+        heads = g.op("Reshape", [qk, self.const("shape", np.array([0, 0, s.heads + s.kv_heads, s.head_dim], np.int64))])
+        rotated = g.op("Reshape", [self.rotate(heads, cos, sin), self.const("shape", np.array([0, 0, -1], np.int64))])
+        return g.op("Concat", [rotated, v], axis=-1)
+
     def build(self) -> onnx.ModelProto:
         s, g = self.s, self.g
-        if self.embeds or self.mrope:
-            raise ValueError("the fused decoder takes input_ids and 1-D positions (no inputs_embeds, no M-RoPE)")
         # seqlens_k = valid positions - 1 per row; total_sequence_length = the mask's width (int32).
         lengths = g.op("ReduceSum", ["attention_mask", self.const("ax", np.array([1], np.int64))], keepdims=0)
         seqlens_k = g.op("Cast", [g.op("Sub", [lengths, self.const("one", np.int64(1))])], to=TensorProto.INT32)
         total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"]), self.const("one", np.int64(1))])],
                      to=TensorProto.INT32)
-        cos, sin = self.rotary_caches()
-        x = g.op("Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
+        cos, sin = self.mrope_rotary() if self.mrope else self.rotary_caches()
+        x = "inputs_embeds" if self.embeds else g.op(
+            "Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
         h, residual = self.simplified_norm(x, "model.layers.0.input_layernorm.weight")
         inputs, outputs = [], []
         kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", s.head_dim]
@@ -82,9 +102,13 @@ class _FusedDecoder(_Decoder):
         for n in range(s.layers):
             p = f"model.layers.{n}."
             past_k, past_v = f"past_key_values.{n}.key", f"past_key_values.{n}.value"
-            attended = g.op("GroupQueryAttention", [self.packed_qkv(h, p), "", "", past_k, past_v, seqlens_k, total,
-                                                    cos, sin, "position_ids"], 3, domain=MS, num_heads=s.heads,
-                            kv_num_heads=s.kv_heads, do_rotary=1, rotary_interleaved=0)
+            packed = self.packed_qkv(h, p)
+            if self.mrope:  # rotated here; GroupQueryAttention only attends
+                rotary = [self.rotate_packed(packed, cos, sin), "", "", past_k, past_v, seqlens_k, total]
+            else:
+                rotary = [packed, "", "", past_k, past_v, seqlens_k, total, cos, sin, "position_ids"]
+            attended = g.op("GroupQueryAttention", rotary, 3, domain=MS, num_heads=s.heads, kv_num_heads=s.kv_heads,
+                            do_rotary=0 if self.mrope else 1, rotary_interleaved=0)
             g.nodes[-1].output[1], g.nodes[-1].output[2] = f"present.{n}.key", f"present.{n}.value"
             h, residual = self.simplified_norm(self.linear(attended[0], p + "self_attn.o_proj"),
                                                p + "post_attention_layernorm.weight", residual)
@@ -99,15 +123,19 @@ class _FusedDecoder(_Decoder):
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
         g.op("MatMul", [h, self.const("lm_head", np.ascontiguousarray(head.T))])
         g.nodes[-1].output[0] = "logits"
+        first = (helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
+                                               ["batch_size", "sequence_length", s.hidden]) if self.embeds else
+                 helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+        positions = ([3] if self.mrope else []) + ["batch_size", "sequence_length"]
         graph_inputs = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            first,
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
-            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions)]
         logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
         graph = helper.make_graph(g.nodes, "qwen2_style_fused_decoder", graph_inputs + inputs, [logits] + outputs,
                                   g.initializers)
-        # NOTE: not checked with onnx.checker: it does not know the com.microsoft schemas; ONNX Runtime
-        # validates the graph when it loads it (the tests load every variant).
+        # NOTE: onnx.checker passes it but cannot check the com.microsoft nodes (it has no schemas for
+        # them); ONNX Runtime validates those when it loads the graph (the tests load every variant).
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
                                   producer_name="edge-runtime-decoder-fused")
         model.ir_version = 8
@@ -122,12 +150,14 @@ def unfusable(shape: DecoderShape) -> str | None:
     return None
 
 
-def build_fused_decoder(shape: DecoderShape, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+def build_fused_decoder(shape: DecoderShape, weights: dict[str, np.ndarray], *, inputs_embeds: bool = False,
+                        mrope_section: tuple[int, ...] | None = None) -> onnx.ModelProto:
     """The fused decoder graph (see the module docstring) for Hugging Face-named Qwen2/Llama ``weights``;
+    ``inputs_embeds`` and ``mrope_section`` as in ``decoder_zoo.build_decoder`` (same inputs and outputs).
     ValueError when ``unfusable(shape)`` says why not, or when the weights have biases on some but not
     all of q/k/v."""
     reason = unfusable(shape)
     if reason is not None:
         raise ValueError(f"no fused decoder for this shape: {reason}")
-    return _FusedDecoder(shape, weights).build()
+    return _FusedDecoder(shape, weights, inputs_embeds, mrope_section).build()
 

@@ -118,8 +118,10 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bo
     """Write the transformers.js layout for the checkpoint in ``hf_folder`` into ``out``; returns ``out``.
 
     ``fused``: the vision encoder's attention as ONNX Runtime's ``MultiHeadAttention`` (the CPU's fast
-    form, flash attention for one image); False: standard ops only, for ``gpu`` plans whose backends
-    should take the attention too (``vlm_parts.iter_vlm_parts``)."""
+    form, flash attention for one image) and the decoder's as its ``GroupQueryAttention`` (faster
+    prefill, KV appended in place); False: standard ops only in both, for ``gpu`` plans whose backends
+    should take the attention too and for runtimes without ONNX Runtime's contrib ops
+    (``vlm_parts.iter_vlm_parts``)."""
     from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, check_vlm_config, iter_vlm_parts, save_parts
 
     hf_folder, out = Path(hf_folder), Path(out)
@@ -138,7 +140,8 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bo
         check_vlm_config(config)  # refuse before writing anything
         out.mkdir(parents=True, exist_ok=True)
         (out / "onnx").mkdir(exist_ok=True)
-        external = save_parts(out, iter_vlm_parts(config, weights, data_dir=out / "onnx", fused=fused), fp16)
+        external = save_parts(out, iter_vlm_parts(config, weights, data_dir=out / "onnx", fused=fused,
+                                                      fused_decoder=fused), fp16)
     except KeyError as exc:
         raise ModelLoadError(f"{hf_folder}: the checkpoint lacks weight or config field {exc} that "
                              f"model_type {family!r} needs") from None

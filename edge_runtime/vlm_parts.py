@@ -12,6 +12,7 @@ or the newer ``model.visual.*`` / ``model.language_model.*``; both are accepted)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from edge_runtime.decoder_zoo import DecoderShape, build_decoder
 from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, _GraphBuilder, external_weights, initializer_bytes
+
+log = logging.getLogger(__name__)
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
@@ -131,14 +134,31 @@ def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tupl
     return family, shape, mrope, vision_spec(config)
 
 
+def build_vlm_decoder(shape: DecoderShape, weights: Mapping[str, np.ndarray], mrope: tuple[int, ...] | None,
+                      fused: bool) -> onnx.ModelProto:
+    """``decoder_model_merged``: ``decoder_fused``'s graph (GroupQueryAttention, KV appended in place;
+    M-RoPE rotated before it) when ``fused`` and ONNX Runtime can run it for ``shape``, else
+    ``decoder_zoo``'s standard-ops graph. Same inputs and outputs either way."""
+    if fused:
+        from edge_runtime.decoder_fused import build_fused_decoder, unfusable
+
+        reason = unfusable(shape)
+        if reason is None:
+            return build_fused_decoder(shape, weights, inputs_embeds=True, mrope_section=mrope)
+        log.info("writing the unfused VLM decoder graph: %s", reason)
+    return build_decoder(shape, weights, inputs_embeds=True, mrope_section=mrope)
+
+
 def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], data_dir: Path | None = None,
-                   fused: bool = False) -> Iterator[tuple[str, onnx.ModelProto]]:
+                   fused: bool = False, fused_decoder: bool = True) -> Iterator[tuple[str, onnx.ModelProto]]:
     """The three graphs for ``config["model_type"]`` (one of ``SUPPORTED_MODEL_TYPES``), built one at a
     time. ``weights`` may be any mapping giving float32 arrays on access. With ``data_dir`` each part's
     weights go straight to ``data_dir/<part>.onnx_data`` as it is built (``model_zoo.external_weights``):
     a converter then holds about one tensor in memory, not a part of several GB. ``fused``: the vision
     encoder's attention as ONNX Runtime's ``MultiHeadAttention`` (fast on ORT's CPU; a ``gpu`` plan's
-    OpenCL/Vulkan backends leave it to the host) instead of standard ops."""
+    OpenCL/Vulkan backends leave it to the host) instead of standard ops. ``fused_decoder`` (default):
+    the decoder as ``build_vlm_decoder``'s fused graph (faster prefill, KV cache appended in place);
+    False: standard ops only."""
     family, shape, mrope, spec = check_vlm_config(config)
     text = text_weights(family, weights, tied=bool(text_config(config).get("tie_word_embeddings")))
     vision = vision_weights(family, weights)
@@ -150,7 +170,7 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
         from edge_runtime.vision_graphs_idefics import build_idefics3_vision as build_vision
     builders = {"vision_encoder": lambda: build_vision(spec, vision, fused=fused),
                 "embed_tokens": lambda: build_embed_tokens(text["model.embed_tokens.weight"]),
-                "decoder_model_merged": lambda: build_decoder(shape, text, inputs_embeds=True, mrope_section=mrope)}
+                "decoder_model_merged": lambda: build_vlm_decoder(shape, text, mrope, fused_decoder)}
     for name, build in builders.items():
         if data_dir is None:
             yield name, build()
@@ -160,10 +180,10 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
             yield name, part
 
 
-def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
-                    fused: bool = False) -> dict[str, onnx.ModelProto]:
+def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], fused: bool = False,
+                    fused_decoder: bool = True) -> dict[str, onnx.ModelProto]:
     """``iter_vlm_parts`` as a dict."""
-    return dict(iter_vlm_parts(config, weights, fused=fused))
+    return dict(iter_vlm_parts(config, weights, fused=fused, fused_decoder=fused_decoder))
 
 
 # decoder_model_merged always keeps its weights in "<file>_data" (as the onnx-community folders do, and so

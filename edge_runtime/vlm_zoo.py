@@ -130,9 +130,10 @@ def vlm_config(family: str, shape: VLMShape, ids: dict[str, int]) -> dict[str, A
 
 
 def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | None = None, seed: int = 0,
-                     fp16: bool = False, fused: bool = False) -> Path:
+                     fp16: bool = False, fused: bool = False, fused_decoder: bool = True) -> Path:
     """A complete transformers.js-layout folder (see the module docstring); returns ``folder``.
-    ``fused``: the vision encoder's attention as ONNX Runtime's fused op (``vlm_parts.iter_vlm_parts``)."""
+    ``fused``: the vision encoder's attention as ONNX Runtime's fused op; ``fused_decoder``: the decoder
+    as GroupQueryAttention (``vlm_parts.iter_vlm_parts``)."""
     from edge_runtime.vlm_files import idefics_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
     from edge_runtime.vlm_parts import iter_vlm_parts, save_parts
 
@@ -143,8 +144,8 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
     folder.mkdir(parents=True, exist_ok=True)
     ids = write_vlm_text_files(folder, family, shape.text.vocab, seed, shape.text.max_positions)
     config = vlm_config(family, shape, ids)
-    external = save_parts(folder, iter_vlm_parts(config, random_vlm_weights(family, shape, seed), fused=fused),
-                          fp16)
+    external = save_parts(folder, iter_vlm_parts(config, random_vlm_weights(family, shape, seed), fused=fused,
+                                                  fused_decoder=fused_decoder), fp16)
     config["transformers.js_config"] = {"use_external_data_format": external}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     text = config.get("text_config", config)

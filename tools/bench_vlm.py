@@ -5,7 +5,8 @@ width 384; text hidden 512, 8 layers, GQA 8/2, vocab 4096), saved as a checkpoin
 and converted by ``edge_runtime.vision_convert`` (``edge-runtime convert``) into the
 transformers.js layout, so both sides run the same weights; the vision encoder with the
 converter's default fused attention (ONNX Runtime's MultiHeadAttention, flash attention
-for one image). Same intra-op threads.
+for one image), the decoder as GroupQueryAttention (M-RoPE rotated before it). Same
+intra-op threads.
 
 Episode: 5 steps, each a chat request of a ~1,500-token phone-agent system prompt,
 the text history of the earlier steps (their screenshots stripped, as agents do)
@@ -59,8 +60,8 @@ def build_folders(root: Path, quick: bool) -> tuple[Path, Path]:
     from edge_runtime.vlm_files import qwen_preprocessor_config, write_vlm_text_files
 
     tag = "quick" if quick else "full"
-    # "-fused": a folder cached by an earlier version (portable attention) is not reused
-    hf, onnx_folder = root / f"hf-qwen2vl-{tag}", root / f"onnx-qwen2vl-{tag}-fused"
+    # "-fused-gqa": a folder cached by an earlier version (portable attention, unfused decoder) is not reused
+    hf, onnx_folder = root / f"hf-qwen2vl-{tag}", root / f"onnx-qwen2vl-{tag}-fused-gqa"
     if not (hf / "done").is_file():
         shutil.rmtree(hf, ignore_errors=True)
         hf.mkdir(parents=True)

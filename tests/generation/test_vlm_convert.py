@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from vlm_checkpoints import (QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs, onnx_greedy,
@@ -157,9 +158,15 @@ def test_embeddings_equal_transformers(family: str, converted: Path, model) -> N
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, converted: Path, model) -> None:
-    """Batch of two (row 1 left-padded); prefill 9, then 3 decode steps with past. Qwen: M-RoPE positions
-    [3, batch, seq] that differ per axis; Idefics3/SmolVLM: [batch, seq]."""
+def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, hf: Path, converted: Path, model,
+                                                             tmp_path: Path) -> None:
+    """Batch of two, row 1 two tokens shorter; prefill 9, then 3 decode steps with past. Qwen: M-RoPE
+    positions [3, batch, seq] that differ per axis; Idefics3/SmolVLM: [batch, seq]. The default graph
+    (GroupQueryAttention) takes row 1 right-padded (its valid cache positions first, as
+    ``kv_inplace`` keeps them); the ``--portable-attention`` graph takes it left-padded."""
+    from edge_runtime.cli import main
+    from edge_runtime.generation.folder import appends_in_place
+
     config = json.loads((converted / "config.json").read_text())
     rng = np.random.default_rng(3)
     total = 12
@@ -174,17 +181,45 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, conve
     with torch.no_grad():
         theirs = model(inputs_embeds=torch.from_numpy(embeds), attention_mask=torch.from_numpy(mask),
                        position_ids=torch.from_numpy(positions)).logits.numpy()
-    decoder = session(converted, "decoder_model_merged")
-    past = empty_past(config, 2)
+    portable = tmp_path / "portable"
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(portable), "--portable-attention"]) == 0
+    folders = {"fused": converted, "portable": portable}
+    for kind, folder in folders.items():
+        proto = onnx.load(str(folder / "onnx" / "decoder_model_merged.onnx"), load_external_data=False)
+        assert appends_in_place(proto) == (kind == "fused"), kind
+        _check_padded_batch(session(folder, "decoder_model_merged"), empty_past(config, 2), embeds, mask, positions,
+                            theirs, right_padded=kind == "fused")
+
+
+def _check_padded_batch(decoder, past: dict, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+                        theirs: np.ndarray, right_padded: bool) -> None:
     names = [o.name for o in decoder.get_outputs()]
+    pad = int((mask[1] == 0).sum())
+    if right_padded:  # row 1's valid tokens moved to the front, its padding to the end of the prompt
+        embeds, positions, mask = embeds.copy(), positions.copy(), mask.copy()
+        embeds[1] = np.roll(embeds[1], -pad, axis=0)
+        positions[..., 1, :] = np.roll(positions[..., 1, :], -pad, axis=-1)
     start = 0
     for stop in (9, 10, 11, 12):
-        feeds = {"inputs_embeds": embeds[:, start:stop], "attention_mask": mask[:, :stop],
-                 "position_ids": positions[..., start:stop], **past}
+        if right_padded:  # row 1: the prompt's first 9 - pad tokens, then one token a step at its own length
+            row = stop - pad if stop > 9 else 9
+            feeds_embeds = np.stack([embeds[0, start:stop], embeds[1, row - (stop - start):row]])
+            feeds_pos = np.stack([positions[..., 0, start:stop], positions[..., 1, row - (stop - start):row]], axis=-2)
+            feeds_mask = np.zeros((2, stop), np.int64)
+            feeds_mask[0], feeds_mask[1, :stop - pad] = 1, 1
+        else:
+            feeds_embeds, feeds_pos, feeds_mask = embeds[:, start:stop], positions[..., start:stop], mask[:, :stop]
+        feeds = {"inputs_embeds": np.ascontiguousarray(feeds_embeds), "attention_mask": feeds_mask,
+                 "position_ids": np.ascontiguousarray(feeds_pos), **past}
         outputs = dict(zip(names, decoder.run(None, feeds)))
         np.testing.assert_allclose(outputs["logits"][0], theirs[0, start:stop], atol=1e-3, rtol=1e-3)
-        valid = slice(max(start, 2) - start, stop - start)  # row 1's padded queries are undefined
-        np.testing.assert_allclose(outputs["logits"][1, valid], theirs[1, max(start, 2):stop], atol=1e-3, rtol=1e-3)
+        if right_padded:  # the prefill's last pad queries are undefined; each step's one query is row 1's next
+            valid = slice(0, 9 - pad) if start == 0 else slice(0, 1)
+            expected = theirs[1, pad:9] if start == 0 else theirs[1, stop - 1:stop]
+        else:
+            valid = slice(max(start, pad) - start, stop - start)  # row 1's padded queries are undefined
+            expected = theirs[1, max(start, pad):stop]
+        np.testing.assert_allclose(outputs["logits"][1, valid], expected, atol=1e-3, rtol=1e-3)
         past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
         start = stop
 

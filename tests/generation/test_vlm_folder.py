@@ -91,7 +91,10 @@ def test_planned_footprint_charges_all_three_parts(fp16_folder: Path) -> None:
     planned = planned_footprint(fp16_folder, settings, 1.0)
     vlm = read_vlm_folder(fp16_folder)
     assert planned.weights_bytes == vlm.weight_bytes
-    assert planned.kv_cache_bytes == 2 * 2 * 256 * vlm.decoder.kv.bytes_per_token
+    # one KV buffer appended in place (the GroupQueryAttention decoder) or two, ping-pong (the portable one)
+    buffers = 1 if vlm.decoder.kv_in_place else 2
+    assert vlm.decoder.kv_in_place  # the zoo's default decoder
+    assert planned.kv_cache_bytes == buffers * 2 * 256 * vlm.decoder.kv.bytes_per_token
 
 
 def test_token_embedder_reads_a_plain_gather_table_and_runs_anything_else(fp16_folder: Path, tmp_path: Path) -> None:
