@@ -215,7 +215,7 @@ class GenerativeModel:
         if (prompt is None) == (messages is None):
             raise InvalidInputError("give exactly one of 'prompt' and 'messages'")
         if self.prompter is not None and (messages is not None or isinstance(prompt, str)):
-            return self._prepare_vision(prompt, messages, images)
+            return self._prepare_vision(prompt, messages, images, tools)
         if images:
             raise InvalidInputError(f"{self.name} is not a multimodal model" if self.prompter is None
                                     else "a token-id prompt cannot take images: give the prompt as text")
@@ -230,7 +230,7 @@ class GenerativeModel:
         return PreparedPrompt(ids, self.tokenizer.decode(ids))
 
     def _prepare_vision(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
-                        images: Sequence[Any] | None) -> PreparedPrompt:
+                        images: Sequence[Any] | None, tools: Sequence[Any] | None = None) -> PreparedPrompt:
         from edge_runtime.generation.vision.messages import image_inputs, split_images
 
         assert self.prompter is not None
@@ -239,7 +239,7 @@ class GenerativeModel:
             if inputs:
                 raise InvalidInputError("give images as image parts of 'messages', not as 'images'")
             shaped, inputs = split_images(messages)
-            text = self.tokenizer.render(shaped, multimodal=True)
+            text = self.tokenizer.render(shaped, multimodal=True, tools=list(tools) if tools else None)
             plain = False
         else:
             assert isinstance(prompt, str)

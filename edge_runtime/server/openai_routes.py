@@ -173,7 +173,8 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         # not block the event loop, with the model held busy (not unloadable) from before it starts.
         release = loaded.dispatcher.hold()
         try:
-            prepared = await asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages)
+            prepared = await asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages,
+                                               tools=tools)
         except BaseException:
             release()
             raise

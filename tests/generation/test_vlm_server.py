@@ -107,6 +107,65 @@ def test_async_clients_mixing_images_and_text_get_their_own_answers(server: Live
     assert texts == [model.generate(messages=m, max_tokens=10).text for m in requests]
 
 
+ACTION_SCHEMA = {"type": "object", "properties": {
+    "action": {"enum": ["tap", "swipe", "back"]}, "x": {"type": "integer", "minimum": 0, "maximum": 1080},
+    "y": {"type": "integer", "minimum": 0, "maximum": 2400}}, "required": ["action", "x", "y"],
+    "additionalProperties": False}
+TAP_TOOL = {"type": "function", "function": {"name": "tap", "description": "tap the screen", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 1080},
+                                     "y": {"type": "integer", "minimum": 0, "maximum": 2400}},
+    "required": ["x", "y"], "additionalProperties": False}}}
+
+
+def test_a_screenshot_step_answers_a_json_action_and_a_forced_tool_call(server: LiveServer) -> None:
+    """Screenshots in, actions out: the random-weight VLM writes no JSON of its own; constrained, every
+    sampled answer validates, and a forced tool call's arguments validate against the tool."""
+    import json
+
+    import jsonschema
+
+    client = _client(base_url(server))
+    for seed in range(3):
+        messages = _messages(_url(_png(20 + seed)))
+        answer = client.chat.completions.create(
+            model="agent", messages=messages, max_tokens=96, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "action", "schema": ACTION_SCHEMA}})
+        choice = answer.choices[0]
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), ACTION_SCHEMA)
+        called = client.chat.completions.create(model="agent", messages=messages, max_tokens=96, temperature=1.0,
+                                                seed=seed, tools=[TAP_TOOL], tool_choice="required")
+        assert called.choices[0].finish_reason == "tool_calls", called.choices[0]
+        calls = called.choices[0].message.tool_calls
+        assert calls  # parallel_tool_calls defaults to true: one call or several
+        for call in calls:
+            assert call.function.name == "tap"
+            jsonschema.validate(json.loads(call.function.arguments), TAP_TOOL["function"]["parameters"])
+
+
+def test_tools_reach_a_vlm_chat_template(vlm_folder: Path, tmp_path: Path) -> None:
+    import json
+
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+
+    folder = tmp_path / "vlm"
+    shutil.copytree(vlm_folder, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% if tools %}TOOLS:{% for t in tools %} {{ t.function.name }}{% endfor %}\n"
+                               "{% endif %}" + config["chat_template"])
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path / "cache", probe_opencl=False, intra_op_threads=1))
+    try:
+        model = runtime.load(folder)
+        messages = _messages(_url(_png(30)))
+        text = model.prepare(messages=messages, tools=[TAP_TOOL]).text
+        assert text.startswith("TOOLS: tap"), text[:120]
+        assert "TOOLS:" not in model.prepare(messages=messages).text
+    finally:
+        runtime.close()
+
+
 def test_metrics_count_the_image_work(server: LiveServer) -> None:
     def scrape() -> dict[str, float]:
         with urllib.request.urlopen(base_url(server) + "/metrics") as response:
