@@ -8,6 +8,7 @@ plan = "cpu"               # fixed policy
 explore_fraction = 0.05    # cost policy: share of decisions that re-try another plan
 seed = 0                   # cost policy: exploration RNG seed (decisions are reproducible)
 spin = "load"              # CPU pool threads spin while a run is in flight | "never" | "always" (spin.py)
+spin_wait_us = 0           # "load": longest one wait of a pool thread spins inside a run; 0 = ORT's own
 [batching]
 max_batch_size = 16        # rows per run; 0 or 1 = off
 max_queue_delay_us = 2000  # how long the first request of a batch may wait for company
@@ -33,6 +34,7 @@ from edge_runtime.errors import ConfigError
 
 POLICIES = ("threshold", "cost", "fixed")
 SPIN_MODES = ("load", "never", "always")  # scheduler.spin: when CPU pool threads may busy-wait
+MAX_SPIN_WAIT_US = 100_000  # a longer spinning wait is a pool that spins between runs: that is spin = "always"
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,16 @@ class SchedulerConfig:
     explore_fraction: float = 0.05  # cost policy: share of requests that re-try another plan
     seed: int = 0  # cost policy: exploration RNG seed, so decisions are reproducible
     spin: str = "load"  # when the model's CPU pool threads may busy-wait (scheduler.spin)
+    spin_wait_us: int = 0  # "load": bound on one spinning wait inside a run; 0 = ONNX Runtime's own (spin.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"[scheduler] policy must be one of {POLICIES}, got {self.policy!r}")
         if self.spin not in SPIN_MODES:
             raise ConfigError(f"[scheduler] spin must be one of {SPIN_MODES}, got {self.spin!r}")
+        if type(self.spin_wait_us) is not int or not 0 <= self.spin_wait_us <= MAX_SPIN_WAIT_US:
+            raise ConfigError(f"[scheduler] spin_wait_us must be an integer in 0..{MAX_SPIN_WAIT_US} "
+                              f"(microseconds), got {self.spin_wait_us!r}")
         if not 0.0 <= self.gpu_busy_threshold <= 1.0:
             raise ConfigError(f"[scheduler] gpu_busy_threshold must be in [0, 1], got {self.gpu_busy_threshold}")
         if not 0.0 <= self.explore_fraction <= 1.0:

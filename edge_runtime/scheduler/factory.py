@@ -88,7 +88,7 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     owned: list[Any] = []
     own = model
     compiled = model.options
-    spin = spin_settings(config.scheduler.spin)
+    spin = spin_settings(config.scheduler.spin, config.scheduler.spin_wait_us)
     if model.backend == "cpu" and (compiled is None or compiled.intra_op_threads != threads
                                    or not spin.matches(compiled)):
         # Re-split the cores for concurrent runs; spin by the model's spin policy (spin.py).
@@ -221,7 +221,8 @@ def serving_options(runtime: Any, config: ModelConfig | None = None) -> CompileO
     stop spinning when its last run returns.
     """
     threads = runtime_workers(runtime).cpu.intra_op_threads
-    spin = spin_settings(config.scheduler.spin if config is not None else "load")
+    spin = spin_settings(config.scheduler.spin, config.scheduler.spin_wait_us) if config is not None \
+        else spin_settings("load")
     return spin.apply(dataclasses.replace(runtime.compile_options(), intra_op_threads=threads))
 
 

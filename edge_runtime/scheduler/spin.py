@@ -22,14 +22,20 @@ So the ``load`` mode (the default) uses ``allow_spinning`` with
 in flight. Under load the scheduler keeps runs in flight back to back (a device
 worker takes the next ready batch itself, ``scheduler._drive``), so the pool
 spins through the whole busy period; the moment the model goes idle it stops,
-and an idle daemon uses no CPU. The spin of one wait is also bounded
-(``SPIN_DURATION_US``): within a run, a pool thread waiting through the caller
-thread's long serial stretch sleeps instead of holding a core the event loop
-needs, which is how the loop and the workers share 2 cores (the cpu worker runs
-one batch at a time with every core as an intra-op thread, ``workers.cpu_split``,
-and no pool thread spins while no run is in flight). ``never`` and ``always``
-(ORT's own default: spin after runs too) are there for measurement and for
-hosts where one or the other is known to win.
+and an idle daemon uses no CPU. ``never`` and ``always`` (ORT's own default:
+spin after runs too) are there for measurement and for hosts where one or the
+other is known to win.
+
+How long one wait of a pool thread spins inside a run is ORT's own by default
+(``[scheduler] spin_wait_us = 0``). An earlier default bounded it to 100 us, so
+that a pool thread waiting through a long serial stretch of the calling thread
+would sleep and leave the core to the event loop; but a woken thread costs its
+wake-up in every run, and at concurrency 1 that was most of the daemon's extra
+compute. In-process on the PP-OCR classifier (2 cores, one row, 0.7 ms of busy
+work between runs as an HTTP round trip puts there, other work on the host,
+``tools/bench_spin.py``): median per run 2.16 ms with the bound against 1.14 ms
+without it and 1.18 ms for ORT's default session. A bound stays available per
+model (``spin_wait_us``) for hosts where the loop starves.
 
 Spinning pays only while the cores are ours. When other processes keep them busy
 (a cloud phone's other apps, other daemons), a spinning thread burns time slices
@@ -60,14 +66,9 @@ from backends.base import CompileOptions
 from edge_runtime.load_monitor import LoadReading
 from edge_runtime.scheduler.config import SPIN_MODES
 
-__all__ = ["OTHERS_BUSY_MAX", "SPIN_DURATION_US", "SPIN_MODES", "TWIN_MAX_BYTES", "SpinSettings", "SpinSwitch",
+__all__ = ["OTHERS_BUSY_MAX", "SPIN_MODES", "TWIN_MAX_BYTES", "SpinSettings", "SpinSwitch",
            "spin_settings", "spinning_now"]
 
-# The longest one wait of a pool thread spins before sleeping, inside a run. Gaps between
-# the parallel sections of consecutive nodes are a few microseconds to tens of them; longer
-# waits are serial stretches of the calling thread, better given to the event loop. Chosen, not
-# tuned: in-process on the classifier, batch 8 cost 0.652 ms per row unbounded, 0.659 at 100 us.
-SPIN_DURATION_US = 100
 # Others' share of all cores above which runs go to the quiet twin: on 2 cores, half of one core
 # (a load generator beside the daemon stays under it; a second busy process does not).
 OTHERS_BUSY_MAX = 0.25
@@ -96,13 +97,15 @@ class SpinSettings:
                                                                        self.spin_duration_us)
 
 
-def spin_settings(mode: str = "load") -> SpinSettings:
-    """The settings of spin ``mode`` (see the module docstring); ``mode`` is checked by the config."""
+def spin_settings(mode: str = "load", wait_us: int = 0) -> SpinSettings:
+    """The settings of spin ``mode`` (see the module docstring); ``mode`` is checked by the config.
+
+    ``wait_us`` (``load`` only): the longest one wait of a pool thread spins inside a run; 0 = ORT's own."""
     if mode == "never":
         return SpinSettings(False, False, 0)
     if mode == "always":
         return SpinSettings(True, False, 0)
-    return SpinSettings(True, True, SPIN_DURATION_US)
+    return SpinSettings(True, True, max(0, int(wait_us)))
 
 
 def spinning_now(mode: str, runs_in_flight: int) -> bool:

@@ -24,7 +24,7 @@ import pytest
 from edge_runtime.errors import ConfigError
 from edge_runtime.scheduler import model_config
 from edge_runtime.scheduler.factory import scheduler_for, serving_options
-from edge_runtime.scheduler.spin import SPIN_DURATION_US, spin_settings
+from edge_runtime.scheduler.spin import spin_settings
 from scheduler_fakes import ort_oracle
 
 IDLE_S = 2.0
@@ -56,32 +56,50 @@ def _entry(sched, key: str) -> str:
     return session.get_session_options().get_session_config_entry(key)
 
 
-def _served(runtime, path: Path, spin: str | None = None, **batching):
-    data = {"scheduler": {"spin": spin} if spin else {}, "batching": batching}
+def _served(runtime, path: Path, spin: str | None = None, spin_wait_us: int | None = None, **batching):
+    scheduler = {"spin": spin} if spin else {}
+    if spin_wait_us is not None:
+        scheduler["spin_wait_us"] = spin_wait_us
+    data = {"scheduler": scheduler, "batching": batching}
     config = model_config(data)
     model = runtime.load(path, backend="cpu", options=serving_options(runtime, config))
     return scheduler_for(model, config, runtime, None), model
 
 
-@pytest.mark.parametrize("spin, allow, stop, duration", [
-    (None, "1", "1", str(SPIN_DURATION_US)),  # the default: "load"
-    ("load", "1", "1", str(SPIN_DURATION_US)),
-    ("never", "0", None, None),
-    ("always", "1", None, None),
+@pytest.mark.parametrize("spin, wait_us, allow, stop, duration", [
+    (None, None, "1", "1", None),  # the default: "load", each wait spinning as long as ORT's own
+    ("load", None, "1", "1", None),
+    ("load", 100, "1", "1", "100"),  # a bound chosen per model reaches the session
+    ("never", None, "0", None, None),
+    ("always", None, "1", None, None),
 ])
-def test_each_spin_mode_reaches_the_onnxruntime_session(runtime, cnn, spin, allow, stop, duration) -> None:
-    sched, model = _served(runtime, cnn[0], spin)
+def test_each_spin_mode_reaches_the_onnxruntime_session(runtime, cnn, spin, wait_us, allow, stop, duration) -> None:
+    sched, model = _served(runtime, cnn[0], spin, wait_us)
     try:
         assert _entry(sched, "session.intra_op.allow_spinning") == allow
         if stop is not None:
             assert _entry(sched, "session.force_spinning_stop") == stop
-            assert _entry(sched, "session.intra_op.spin_duration_us") == duration
-        else:  # ORT's own behaviour after a run is kept: no stop entry, no bound
+        else:  # ORT's own behaviour after a run is kept: no stop entry
             with pytest.raises(Exception):
                 _entry(sched, "session.force_spinning_stop")
+        if duration is not None:
+            assert _entry(sched, "session.intra_op.spin_duration_us") == duration
+        else:  # no bound: ORT's own spin per wait
+            with pytest.raises(Exception):
+                _entry(sched, "session.intra_op.spin_duration_us")
     finally:
         sched.discard()
         model.close()
+
+
+@pytest.mark.parametrize("wait_us, message", [
+    (-1, r"spin_wait_us must be an integer in 0\.\.100000 \(microseconds\), got -1"),
+    (100_001, r"spin_wait_us must be an integer in 0\.\.100000 \(microseconds\), got 100001"),
+    (2.5, r"spin_wait_us: expected int, got 2.5"),
+])
+def test_spin_wait_outside_its_range_is_a_config_error(wait_us, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        model_config({"scheduler": {"spin_wait_us": wait_us}})
 
 
 def test_unknown_spin_mode_is_a_config_error_naming_the_choices() -> None:
