@@ -8,7 +8,7 @@ plan = "cpu"               # fixed policy
 explore_fraction = 0.05    # cost policy: share of decisions that re-try another plan
 seed = 0                   # cost policy: exploration RNG seed (decisions are reproducible)
 spin = "load"              # CPU pool threads spin while a run is in flight | "never" | "always" (spin.py)
-spin_wait_us = 0           # "load": longest one wait of a pool thread spins inside a run; 0 = ORT's own
+spin_wait_us = 1000        # "load": longest one wait of a pool thread spins inside a run; 0 = ORT's own
 [batching]
 max_batch_size = 16        # rows per run; 0 or 1 = off
 max_queue_delay_us = 2000  # how long the first request of a batch may wait for company
@@ -34,7 +34,9 @@ from edge_runtime.errors import ConfigError
 
 POLICIES = ("threshold", "cost", "fixed")
 SPIN_MODES = ("load", "never", "always")  # scheduler.spin: when CPU pool threads may busy-wait
-MAX_SPIN_WAIT_US = 100_000  # a longer spinning wait is a pool that spins between runs: that is spin = "always"
+# "load": how long one wait of a pool thread spins inside a run (spin.py says why 1 ms).
+SPIN_WAIT_US = 1000
+MAX_SPIN_WAIT_US = 100_000  # 0.1 s: far past any gap inside a run of a served model
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class SchedulerConfig:
     explore_fraction: float = 0.05  # cost policy: share of requests that re-try another plan
     seed: int = 0  # cost policy: exploration RNG seed, so decisions are reproducible
     spin: str = "load"  # when the model's CPU pool threads may busy-wait (scheduler.spin)
-    spin_wait_us: int = 0  # "load": bound on one spinning wait inside a run; 0 = ONNX Runtime's own (spin.py)
+    spin_wait_us: int = SPIN_WAIT_US  # "load": bound on one spinning wait in a run; 0 = ORT's own (spin.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -26,16 +26,18 @@ and an idle daemon uses no CPU. ``never`` and ``always`` (ORT's own default:
 spin after runs too) are there for measurement and for hosts where one or the
 other is known to win.
 
-How long one wait of a pool thread spins inside a run is ORT's own by default
-(``[scheduler] spin_wait_us = 0``). An earlier default bounded it to 100 us, so
-that a pool thread waiting through a long serial stretch of the calling thread
-would sleep and leave the core to the event loop; but a woken thread costs its
-wake-up in every run, and at concurrency 1 that was most of the daemon's extra
-compute. In-process on the PP-OCR classifier (2 cores, one row, 0.7 ms of busy
-work between runs as an HTTP round trip puts there, other work on the host,
-``tools/bench_spin.py``): median per run 2.16 ms with the bound against 1.14 ms
-without it and 1.18 ms for ORT's default session. A bound stays available per
-model (``spin_wait_us``) for hosts where the loop starves.
+How long one wait of a pool thread spins inside a run is bounded to 1 ms by
+default (``[scheduler] spin_wait_us``, ``SPIN_WAIT_US``; 0 = ORT's own). A
+thread whose wait ran out sleeps, and the next parallel section pays its
+wake-up. An earlier bound of 100 us (meant to hand a thread waiting through a
+long serial stretch of the calling thread's back to the event loop) made a
+single-row run pay that in nearly every run; ORT's own unbounded spin, on the
+other side, lets a preempted host's batches drag. In process on the PP-OCR
+classifier (2 intra-op threads on 2 cores, other work on the host at load
+average 2.8-3.9, ``python tools/bench_spin.py --waits-us 100 1000 3000
+--rounds 6``), median ms per row over rounds, one row with 0.7 ms of busy work
+between runs / 8 rows back to back: 100 us 1.75 / 1.98, 1 ms 1.05 / 1.77, 3 ms
+1.03 / 2.65, unbounded 1.03 / 2.63, ORT's default session 1.01 / 2.65.
 
 Spinning pays only while the cores are ours. When other processes keep them busy
 (a cloud phone's other apps, other daemons), a spinning thread burns time slices
@@ -64,9 +66,9 @@ import numpy as np
 
 from backends.base import CompileOptions
 from edge_runtime.load_monitor import LoadReading
-from edge_runtime.scheduler.config import SPIN_MODES
+from edge_runtime.scheduler.config import SPIN_MODES, SPIN_WAIT_US
 
-__all__ = ["OTHERS_BUSY_MAX", "SPIN_MODES", "TWIN_MAX_BYTES", "SpinSettings", "SpinSwitch",
+__all__ = ["OTHERS_BUSY_MAX", "SPIN_MODES", "SPIN_WAIT_US", "TWIN_MAX_BYTES", "SpinSettings", "SpinSwitch",
            "spin_settings", "spinning_now"]
 
 # Others' share of all cores above which runs go to the quiet twin: on 2 cores, half of one core
@@ -97,7 +99,7 @@ class SpinSettings:
                                                                        self.spin_duration_us)
 
 
-def spin_settings(mode: str = "load", wait_us: int = 0) -> SpinSettings:
+def spin_settings(mode: str = "load", wait_us: int = SPIN_WAIT_US) -> SpinSettings:
     """The settings of spin ``mode`` (see the module docstring); ``mode`` is checked by the config.
 
     ``wait_us`` (``load`` only): the longest one wait of a pool thread spins inside a run; 0 = ORT's own."""

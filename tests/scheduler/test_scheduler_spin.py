@@ -24,7 +24,7 @@ import pytest
 from edge_runtime.errors import ConfigError
 from edge_runtime.scheduler import model_config
 from edge_runtime.scheduler.factory import scheduler_for, serving_options
-from edge_runtime.scheduler.spin import spin_settings
+from edge_runtime.scheduler.spin import SPIN_WAIT_US, spin_settings
 from scheduler_fakes import ort_oracle
 
 IDLE_S = 2.0
@@ -67,9 +67,10 @@ def _served(runtime, path: Path, spin: str | None = None, spin_wait_us: int | No
 
 
 @pytest.mark.parametrize("spin, wait_us, allow, stop, duration", [
-    (None, None, "1", "1", None),  # the default: "load", each wait spinning as long as ORT's own
-    ("load", None, "1", "1", None),
+    (None, None, "1", "1", str(SPIN_WAIT_US)),  # the default: "load", one wait spinning at most 1 ms
+    ("load", None, "1", "1", str(SPIN_WAIT_US)),
     ("load", 100, "1", "1", "100"),  # a bound chosen per model reaches the session
+    ("load", 0, "1", "1", None),  # 0: ORT's own spin per wait, no entry
     ("never", None, "0", None, None),
     ("always", None, "1", None, None),
 ])
@@ -84,7 +85,7 @@ def test_each_spin_mode_reaches_the_onnxruntime_session(runtime, cnn, spin, wait
                 _entry(sched, "session.force_spinning_stop")
         if duration is not None:
             assert _entry(sched, "session.intra_op.spin_duration_us") == duration
-        else:  # no bound: ORT's own spin per wait
+        else:  # no bound ("never", "always", or 0): ORT's own spin per wait
             with pytest.raises(Exception):
                 _entry(sched, "session.intra_op.spin_duration_us")
     finally:
