@@ -41,12 +41,17 @@ class VersionStats:
     queue: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     inference_count: int = 0
-    executions: Fraction = Fraction(0)
     last_inference_ms: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # reason -> count
     plans: Counter[str] = field(default_factory=Counter)  # plan name -> requests
     fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)  # (backend, reason) -> requests
-    batches: dict[int, list[Any]] = field(default_factory=dict)  # batch rows -> [executions, compute ns]
+    # Batch rows -> [rows answered from batches of that size, their share of compute ns]. Integers on the
+    # request path (a Fraction per request cost microseconds there); executions are worked out when read.
+    batches: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def executions(self) -> Fraction:
+        return sum((Fraction(rows, size) for size, (rows, _) in self.batches.items()), Fraction(0))
 
     @property
     def execution_count(self) -> int:
@@ -82,11 +87,9 @@ class InferenceStats:
         stats.compute_infer.add(int(result.compute_ms * 1e6))
         stats.inference_count += rows
         batch_rows = max(result.batch_size, rows, 1)
-        share = Fraction(rows, batch_rows)
-        stats.executions += share
-        entry = stats.batches.setdefault(batch_rows, [Fraction(0), 0])
-        entry[0] += share
-        entry[1] += int(result.compute_ms * 1e6 * share)
+        entry = stats.batches.setdefault(batch_rows, [0, 0])
+        entry[0] += rows  # this request's share of the batch's one execution: rows / batch_rows
+        entry[1] += int(result.compute_ms * 1e6 * rows / batch_rows)
         stats.last_inference_ms = int(time.time() * 1000)
         stats.plans[result.plan] += 1
         if fallback is not None:
@@ -120,8 +123,8 @@ class InferenceStats:
             },
             "batch_stats": [
                 {"batch_size": size, "compute_input": _zero(), "compute_output": _zero(),
-                 "compute_infer": {"count": round(executions), "ns": ns}}
-                for size, (executions, ns) in sorted(stats.batches.items())
+                 "compute_infer": {"count": round(Fraction(rows, size)), "ns": ns}}
+                for size, (rows, ns) in sorted(stats.batches.items())
             ],
             "memory_usage": [],
         }
