@@ -39,7 +39,7 @@ Per-phase breakdown of the daemon's time (mean per request): ``queue`` and
 ``compute`` from each response's parameters, ``decode``/``encode`` by timing the
 same codec calls on the same bodies in this process, ``transport`` the rest
 (client, HTTP, event loop). Prints JSON and writes ``bench_server.json`` and
-``bench_server.png`` to ``--out``. About 3 minutes by default, ~1 with ``--quick``.
+``bench_server.png`` to ``--out``. About 6 minutes by default, ~1.5 with ``--quick``.
 
     python tools/bench_server.py --kserve-python /work/venvs/kserve/bin/python --out bench-results
 """
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=4.0, help="seconds per cls side per round")
     parser.add_argument("--det-duration-s", type=float, default=6.0, help="seconds per det side per round")
-    parser.add_argument("--quick", action="store_true", help="1 round, short phases (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="1 round, short phases (about 1.5 minutes)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
     if args.quick:
