@@ -50,6 +50,8 @@ class DecoderEngine:
     def __init__(self, folder: DecoderFolder, *, threads: int, max_batch: int, max_len: int) -> None:
         import onnxruntime as ort
 
+        from edge_runtime.scheduler.spin import SPIN_DURATION_US
+
         self.folder = folder
         if decode_rows(folder, max_batch) < max_batch:
             log.warning("%s has no position_ids input: decoding one sequence at a time", folder.model_path)
@@ -58,6 +60,12 @@ class DecoderEngine:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # The pool spins only while a step is in flight (the scheduler's ``load`` spin policy): between
+        # steps the cores belong to the Python side of the per-token loop (sampling, detokenising,
+        # the consumer's event loop, an HTTP client). ORT's default spins after each run too, and on 2
+        # cores that spinning thread delays the hand-off of each token to its consumer.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_DURATION_US))
         try:
             self.session = ort.InferenceSession(str(folder.model_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
