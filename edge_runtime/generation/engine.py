@@ -50,8 +50,6 @@ class DecoderEngine:
     def __init__(self, folder: DecoderFolder, *, threads: int, max_batch: int, max_len: int) -> None:
         import onnxruntime as ort
 
-        from edge_runtime.scheduler.spin import SPIN_DURATION_US
-
         self.folder = folder
         if decode_rows(folder, max_batch) < max_batch:
             log.warning("%s has no position_ids input: decoding one sequence at a time", folder.model_path)
@@ -60,12 +58,11 @@ class DecoderEngine:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # The pool spins only while a step is in flight (the scheduler's ``load`` spin policy): between
-        # steps the cores belong to the Python side of the per-token loop (sampling, detokenising,
-        # the consumer's event loop, an HTTP client). ORT's default spins after each run too, and on 2
-        # cores that spinning thread delays the hand-off of each token to its consumer.
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-        options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_DURATION_US))
+        # NOTE: ORT's default spinning stays on purpose. Stopping the pool between steps (the scheduler's
+        # ``load`` policy, force_spinning_stop) was tried with tools/bench_token_loop.py on 2 cores, two runs
+        # each, alternated with runs of the spinning engine:
+        # in-process decode the same, HTTP streaming 0.86-0.91x in-process against 0.96-1.0x spinning
+        # (each step then wakes sleeping pool threads while the event loop and the client want the cores).
         try:
             self.session = ort.InferenceSession(str(folder.model_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
