@@ -14,7 +14,9 @@ HTTP / in-process ratio (issue #24's goal: >= 0.9).
 
 Then one more in-process stream with ``perf_counter`` probes around the loop's parts (the
 probes cost a little themselves, so this run is not one of the timed rounds): ORT's run,
-binding and feeds (the rest of ``DecoderEngine.decode``), sampling, detokenisation, stop
+binding and feeds (the rest of ``DecoderEngine.decode``; NOTE: this includes taking the GIL back
+when the run returns, while the consumer's event loop may hold it — binding alone is ~15 us), sampling,
+detokenisation, stop
 checks, the hand-off to the consumer (the rest of ``Sequence.accept``: chunk and sink), the
 batcher's own bookkeeping and its loop — each as a share of the decode step. The HTTP side's
 extra cost per token (SSE encode and write, the client) is the difference of the two sides'
@@ -144,7 +146,7 @@ def breakdown(model: Any, prompt: list[int], new: int) -> dict[str, Any]:
     step_us = stream["step_ms"] * 1e3
     parts = {
         "ort_run": us("ort_run"),
-        "binding_and_feeds": us("engine_decode") - us("ort_run"),
+        "binding_feeds_and_gil_reentry": us("engine_decode") - us("ort_run"),
         "sampling": us("sampling"),
         "detokenise": us("detokenise"),
         "stop_checks": us("stop_checks"),
