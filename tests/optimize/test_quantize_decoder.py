@@ -159,7 +159,7 @@ def test_eight_bits_drift_less_than_four(decoder: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_the_auto_accuracy_level_is_the_fastest_measured_one_and_the_written_graph_uses_it(
-        decoder: Path, tmp_path: Path, mode: str) -> None:
+        decoder: Path, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture) -> None:
     from edge_runtime.optimize.decoder_drift import decoder_drift
     from edge_runtime.optimize.decoder_quant import AUTO_LEVELS, QUANTIZATION_FILE
 
@@ -178,6 +178,11 @@ def test_the_auto_accuracy_level_is_the_fastest_measured_one_and_the_written_gra
     np.testing.assert_array_equal(logits_of(out, tokens), logits_of(given, tokens))
     drift = decoder_drift(decoder, out, TEXT, window=64)
     assert drift.greedy_agreement >= (0.9 if mode == "int8" else 0.6)  # still close to fp32's greedy picks
+    from edge_runtime.generation.model import load_generative
+
+    with caplog.at_level("INFO", logger="edge_runtime.generation.model"):
+        load_generative(out, "q", threads=1).close()
+    assert f"MatMulNBits accuracy level {record['accuracy_level']} (auto;" in caplog.text  # a load says it
 
 
 def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
