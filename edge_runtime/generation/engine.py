@@ -58,6 +58,11 @@ class DecoderEngine:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # NOTE: ORT's default spinning stays on purpose. Stopping the pool between steps (the scheduler's
+        # ``load`` policy, force_spinning_stop) was tried with tools/bench_token_loop.py on 2 cores, two runs
+        # each, alternated with runs of the spinning engine:
+        # in-process decode the same, HTTP streaming 0.86-0.91x in-process against 0.96-1.0x spinning
+        # (each step then wakes sleeping pool threads while the event loop and the client want the cores).
         try:
             self.session = ort.InferenceSession(str(folder.model_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types

@@ -171,6 +171,7 @@ class GenerativeModel:
         log.info("generative model %s on %s: %s, %d layers, context %d, KV %d B/token", name, self.backend,
                  self.folder.model_type or "decoder", self.folder.kv.layers, self.batcher.max_len,
                  self.folder.kv.bytes_per_token)
+        _log_quantization(name, self.path)
 
     @property
     def context_length(self) -> int:
@@ -365,6 +366,23 @@ class GenerativeModel:
         self.batcher.close(10.0)
         if self.prompter is not None:
             self.prompter.encoder.close()
+
+
+def _log_quantization(name: str, path: Path) -> None:
+    """Say how a folder written by ``edge-runtime quantize`` was quantized (its ``quantization.json``):
+    an accuracy level chosen by measurement was chosen on the machine that quantized it."""
+    from edge_runtime.errors import ModelLoadError
+    from edge_runtime.generation.folder import read_json
+
+    try:
+        record = read_json(path / "quantization.json")
+    except ModelLoadError as exc:  # informational only: a damaged record must not stop the load
+        log.warning("generative model %s: %s", name, exc)
+        return
+    if record:
+        log.info("generative model %s: %s weights, MatMulNBits accuracy level %s (%s; median step ms per level "
+                 "where quantized: %s)", name, record.get("mode"), record.get("accuracy_level"),
+                 record.get("accuracy_level_choice"), record.get("level_step_ms"))
 
 
 def _offered(structured: Any) -> list[Any] | None:

@@ -98,6 +98,12 @@ class Sampler:
 
     def choose(self, logits: np.ndarray) -> TokenChoice:
         p = self.params
+        if p.greedy and not p.logprobs and not (p.presence_penalty or p.frequency_penalty):
+            # The common agent case, every token: argmax over the logits as they come (float32),
+            # without the float64 copy the arithmetic below needs. Same token: widening is exact.
+            token = int(np.argmax(logits))
+            self.counts[token] = self.counts.get(token, 0) + 1
+            return TokenChoice(token)
         logits = np.asarray(logits, dtype=np.float64)
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = np.fromiter(self.counts, dtype=np.int64)

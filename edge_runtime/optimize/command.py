@@ -31,8 +31,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                                "built-in phone-agent text")
     quantize.add_argument("--block-size", type=int, default=None,
                           help="decoder: weights per quantization block (power of two, 16..256; default 32)")
-    quantize.add_argument("--accuracy-level", type=int, default=None, choices=range(5), metavar="0..4",
-                          help="decoder: MatMulNBits compute type, 0 = fp32, 4 = int8 (default 4)")
+    quantize.add_argument("--accuracy-level", type=_accuracy_level, default=None, metavar="auto|0..4",
+                          help="decoder: MatMulNBits compute type, 0 = fp32, 4 = int8; auto (default): time "
+                               "0 and 4 on this CPU and keep the faster")
     quantize.add_argument("--new-tokens", type=int, default=32, help="decoder: tokens per timed generation (32)")
     quantize.add_argument("--plan", choices=PLAN_CHOICES, action="append", default=None,
                           help="time on this plan (repeatable; default: every plan this device has)")
@@ -75,6 +76,15 @@ class _Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def _accuracy_level(text: str) -> int | str:
+    """``--accuracy-level``: ``auto`` or a MatMulNBits level 0..4."""
+    if text == "auto":
+        return text
+    if text not in ("0", "1", "2", "3", "4"):
+        raise argparse.ArgumentTypeError(f"must be auto or 0..4, got {text!r}")
+    return int(text)
 
 
 def run_quantize(args: argparse.Namespace) -> int:
@@ -137,6 +147,9 @@ def _quantize_decoder(args: argparse.Namespace) -> int:
     print(f"{args.mode}: wrote {data['out']} ({data['out_bytes']} bytes, {data['size_ratio']}x of the original; "
           f"{data['matmuls_quantized']} of {data['matmuls_total']} MatMuls, block {data['block_size']}, "
           f"accuracy level {data['accuracy_level']})")
+    if data["level_step_ms"] is not None:
+        timed = ", ".join(f"level {level} {ms:.3f} ms" for level, ms in data["level_step_ms"].items())
+        print(f"accuracy level chosen by measurement (median decode step here): {timed}")
     print(f"drift on {drift['tokens']} tokens of the {data['text_from']} text (teacher-forced):")
     print(f"  perplexity {drift['perplexity_reference']:.4g} -> {drift['perplexity_candidate']:.4g} "
           f"({drift['perplexity_ratio']:.4f}x), KL mean {drift['kl_mean']:.3g} max {drift['kl_max']:.3g} nats/token, "

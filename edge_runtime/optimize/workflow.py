@@ -115,7 +115,7 @@ class DecoderConversionReport:
 
 
 def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, calibration: Path | None = None,
-                    block_size: int | None = None, accuracy_level: int | None = None, rounds: int = 3,
+                    block_size: int | None = None, accuracy_level: int | str | None = None, rounds: int = 3,
                     new_tokens: int = 32, window: int = 256) -> DecoderConversionReport:
     """int4/int8 weight-only copy of a decoder folder, then its teacher-forced drift and decode speed
     against the original (``edge_runtime.optimize.decoder_quant`` and ``decoder_drift``)."""
@@ -134,7 +134,8 @@ def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, c
     prompt = token_windows(folder, text, min(64, context - new_tokens - 1), 64)[0]
     result = quantize_decoder(folder, out, mode,
                               block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
-                              accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level)
+                              accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level,
+                              threads=runtime.threads)
     drift = decoder_drift(folder, out, text, window=window, threads=runtime.threads)
     speed = compare_decode_speed(runtime, folder, out, prompt=prompt, new_tokens=new_tokens, rounds=rounds)
     return DecoderConversionReport(result, text_from, drift, speed)

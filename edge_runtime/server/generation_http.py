@@ -31,6 +31,11 @@ def dumps(document: Any) -> str:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
 
 
+def sse_event(event: Mapping[str, Any]) -> bytes:
+    """One server-sent event: ``data: {json}`` and the blank line that ends it."""
+    return f"data: {dumps(event)}\n\n".encode()
+
+
 async def json_object(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object; InvalidInputError / RequestTooLargeError otherwise."""
     limit = state_of(request).config.max_body_bytes
@@ -93,7 +98,7 @@ async def sse(request: web.Request, events: AsyncIterator[Mapping[str, Any]], do
         async for event in events:
             if is_disconnected(request):
                 break
-            await response.write(f"data: {dumps(event)}\n\n".encode())
+            await response.write(sse_event(event))
         else:
             if done:
                 await response.write(b"data: [DONE]\n\n")

@@ -85,3 +85,15 @@ def test_folder_description(qwen_folder: Path) -> None:
     assert description.kv.kv_heads == config["num_key_value_heads"] < config["num_attention_heads"]  # GQA
     assert len(description.eos_token_ids) == 2  # generation_config.json lists two EOS ids
     assert is_generative_folder(qwen_folder) and not is_generative_folder(qwen_folder.parent)
+
+
+def test_greedy_picks_the_lowest_of_tied_ids_on_the_fast_path_and_the_full_one() -> None:
+    import numpy as np
+
+    from edge_runtime.generation.sampling import Sampler, SamplingParams
+
+    logits = np.random.default_rng(3).standard_normal(16384).astype(np.float32)
+    logits[[9000, 41, 12000]] = logits.max() + 1.0  # a three-way tie for the best logit
+    fast = Sampler(SamplingParams(temperature=0.0)).choose(logits)  # argmax on the float32 logits
+    full = Sampler(SamplingParams(temperature=0.0, logprobs=True)).choose(logits)  # the float64 path
+    assert fast.token == full.token == 41 and fast.logprob is None and full.logprob is not None

@@ -40,7 +40,7 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def quantized(decoder: Path, root: Path, mode: str, **kwargs: int) -> Path:
     from edge_runtime.optimize.decoder_quant import quantize_decoder
 
-    out = root / f"{mode}-{kwargs.get('accuracy_level', 4)}"
+    out = root / f"{mode}-{kwargs.get('accuracy_level', 'auto')}"
     if not (out / "model.onnx").is_file():
         quantize_decoder(decoder, out, mode, **kwargs)
     return out
@@ -157,6 +157,34 @@ def test_eight_bits_drift_less_than_four(decoder: Path, tmp_path: Path) -> None:
     assert abs(eight.perplexity_candidate / eight.perplexity_reference - 1) < 0.01
 
 
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_the_auto_accuracy_level_is_the_fastest_measured_one_and_the_written_graph_uses_it(
+        decoder: Path, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    from edge_runtime.optimize.decoder_drift import decoder_drift
+    from edge_runtime.optimize.decoder_quant import AUTO_LEVELS, QUANTIZATION_FILE
+
+    out = quantized(decoder, tmp_path, mode)  # the default: auto, measured on this machine
+    record = json.loads((out / QUANTIZATION_FILE).read_text())
+    measured = {int(level): ms for level, ms in record["level_step_ms"].items()}
+    assert record["accuracy_level_choice"] == "auto" and set(measured) == set(AUTO_LEVELS)
+    assert all(ms > 0 for ms in measured.values())
+    assert record["accuracy_level"] == min(measured, key=lambda level: measured[level])
+    levels = {onnx.helper.get_attribute_value(a) for n in onnx.load(str(out / "model.onnx")).graph.node
+              if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {record["accuracy_level"]}
+    # The same weights as a folder quantized at that level given: the same logits, bit for bit.
+    given = quantized(decoder, tmp_path, mode, accuracy_level=record["accuracy_level"])
+    tokens = list(range(3, 40))
+    np.testing.assert_array_equal(logits_of(out, tokens), logits_of(given, tokens))
+    drift = decoder_drift(decoder, out, TEXT, window=64)
+    assert drift.greedy_agreement >= (0.9 if mode == "int8" else 0.6)  # still close to fp32's greedy picks
+    from edge_runtime.generation.model import load_generative
+
+    with caplog.at_level("INFO", logger="edge_runtime.generation.model"):
+        load_generative(out, "q", threads=1).close()
+    assert f"MatMulNBits accuracy level {record['accuracy_level']} (auto;" in caplog.text  # a load says it
+
+
 def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT), "EDGE_RUNTIME_THREADS": "2"}
     return subprocess.run([sys.executable, "-m", "edge_runtime", *args], capture_output=True, text=True, env=env,
@@ -167,6 +195,7 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
                                                                                  tmp_path: Path) -> None:
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.optimize.decoder_quant import QUANTIZATION_FILE
 
     text = tmp_path / "agent.txt"
     text.write_text(TEXT)
@@ -176,11 +205,12 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["text_from"] == str(text) and report["block_size"] == 16 and report["bits"] == 4
+    assert report["accuracy_level_choice"] == "auto" and str(report["accuracy_level"]) in report["level_step_ms"]
     assert report["matmuls_quantized"] == 4 * SHAPE.layers + 1
     assert report["out_bytes"] < 0.5 * report["source_bytes"]
     assert report["drift"]["tokens"] > 50 and 0 < report["drift"]["greedy_agreement"] <= 1
     assert report["speed"]["reference_tokens_per_s"] > 0 and report["speed"]["candidate_tokens_per_s"] > 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in decoder.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in decoder.iterdir()] + [QUANTIZATION_FILE])
     model = GenerativeModel("q", out, GenerationSettings(), threads=1)
     try:
         assert model.generate(prompt="open the settings", max_tokens=5, ignore_eos=True).usage.completion_tokens == 5
@@ -191,6 +221,7 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
     assert text_out.returncode == 0, text_out.stderr
     assert "int8: wrote" in text_out.stdout and "greedy agreement" in text_out.stdout
     assert "tokens/s" in text_out.stdout and "of the default text" in text_out.stdout
+    assert "accuracy level chosen by measurement" in text_out.stdout
 
 
 @pytest.mark.parametrize("case,needle", [
