@@ -36,8 +36,8 @@ class JsonWorker:
 
     def _read(self) -> dict[str, Any]:
         line = self.process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise RuntimeError(f"the {self.what} worker exited (code {self.process.poll()})")
+        if not line:  # its stdout closed: it has exited or is exiting
+            raise RuntimeError(f"the {self.what} worker exited (code {self.process.wait(timeout=60)})")
         return json.loads(line)
 
     def ask(self, **command: Any) -> dict[str, Any]:
