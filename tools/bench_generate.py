@@ -24,7 +24,7 @@ Models (``--shape``): ``small``, a ~31M-parameter Qwen2-architecture decoder
   -DGGML_F16C=ON -DGGML_AVX512=...`` (each x86 extension as /proc/cpuinfo lists it)
   ``-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"`` — with
   ``GGML_NATIVE`` on, a VM whose CPU lists AMX crashes in q4_0/q8_0 generation —
-  plus torch 2.13.0 CPU, transformers 4.57.6 and the sdist's own gguf-py for the
+  plus torch 2.13.0 CPU, transformers 4.57.6, sentencepiece and the sdist's own gguf-py for the
   converter, the sdist unpacked under ``<venv>/src`` where the worker finds it.
 
 Same intra-op threads everywhere. Measured:

@@ -29,6 +29,7 @@ fi
 export CMAKE_ARGS CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 "$VENV/bin/pip" install -q "$SRC" numpy
 # The converter's own needs (torch CPU as the test extra pins it; transformers for the config and
-# tokenizer) and the gguf package of the same llama.cpp commit.
-"$VENV/bin/pip" install -q torch==2.13.0 transformers==4.57.6 "$SRC/vendor/llama.cpp/gguf-py"
+# tokenizer; sentencepiece, which its Qwen2 path imports before it falls back to BPE) and the gguf
+# package of the same llama.cpp commit.
+"$VENV/bin/pip" install -q torch==2.13.0 transformers==4.57.6 sentencepiece "$SRC/vendor/llama.cpp/gguf-py"
 "$VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
