@@ -229,61 +229,66 @@ def main() -> int:
         notes.append(f"llama.cpp not measured: no --llamacpp-python / $EDGE_RUNTIME_LLAMACPP_PYTHON interpreter "
                      f"({args.llamacpp_python!r})")
     rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(10, spec.vocab, 64)]
-    stream_prompts = [[int(t) for t in rng.integers(10, spec.vocab, 64)] for _ in range(8)]
-    long_prompt = [int(t) for t in rng.integers(10, spec.vocab, 1024)]
-    prompts = {64: prompt, 1024: long_prompt}
-    for context in contexts:
-        prompts.setdefault(context, [int(t) for t in rng.integers(10, spec.vocab, context)])
 
-    runners: dict[str, Any] = {}
+    def fresh_prompts(seed: int) -> tuple[dict[int, list[int]], dict[int, list[list[int]]]]:
+        """A prompt of each context length, and 64-token prompts for 1, 4 and 8 streams (none shared), new
+        every round: a prompt seen before would come from our prefix cache while the peers recompute it."""
+        draw = np.random.default_rng(seed)
+        singles = {c: [int(t) for t in draw.integers(10, spec.vocab, c)] for c in contexts}
+        pool = [[int(t) for t in draw.integers(10, spec.vocab, 64)] for _ in range(13)]
+        return singles, {1: pool[:1], 4: pool[1:5], 8: pool[5:]}
+
+    # Each runner: (context, answer for a prompt of that length) -> one single-stream measurement.
+    runners: dict[str, tuple[int, Any]] = {}
     for context in contexts:
-        text = prompts[context]
         for precision, engine in ours.items():
             runners[side("edge-runtime-fused", precision, context)] = \
-                lambda e=engine, t=text: ours_single(e, t, new)
+                (context, lambda t, e=engine: ours_single(e, t, new))
         for precision, worker in genai.items():
             runners[side("onnxruntime-genai", precision, context)] = \
-                lambda w=worker, t=text: w.ask(cmd="single", prompt=t, new=new)
+                (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
         for precision, worker in llamacpp.items():
             runners[side("llama.cpp", PEERS[precision]["llama.cpp"], context)] = \
-                lambda w=worker, t=text: w.ask(cmd="single", prompt=t, new=new)
+                (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
     if small:
-        runners.update({"edge-runtime": lambda: ours_single(model, prompt, new),
-                        "edge-runtime-own-graph": lambda: ours_single(lean, prompt, new),
-                        "plain-ort-loop": lambda: plain.run(prompt, new)})
+        runners.update({"edge-runtime": (64, lambda t: ours_single(model, t, new)),
+                        "edge-runtime-own-graph": (64, lambda t: ours_single(lean, t, new)),
+                        "plain-ort-loop": (64, lambda t: plain.run(t, new))})
         if 1024 in contexts:
-            runners["edge-runtime-own-graph-ctx1024"] = lambda: ours_single(lean, long_prompt, new)
+            runners["edge-runtime-own-graph-ctx1024"] = (1024, lambda t: ours_single(lean, t, new))
     single: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     streams: dict[int, list[float]] = {1: [], 4: [], 8: []}
     fused_streams = {precision: {1: [], 8: []} for precision in ours}
     genai_batch8: list[float] = []
     llamacpp_batch8: dict[str, list[float]] = {PEERS[p]["llama.cpp"]: [] for p in llamacpp}
+    warm = fresh_prompts(10_000)[0][64]
     for engine in [*ours.values(), *([model, lean] if small else [])]:  # warm-up
-        engine.generate(prompt, max_tokens=4, ignore_eos=True)
+        engine.generate(warm, max_tokens=4, ignore_eos=True)
     if plain is not None:
-        plain.run(prompt, 4)
+        plain.run(warm, 4)
     for worker in [*genai.values(), *llamacpp.values()]:
-        worker.ask(cmd="single", prompt=prompt, new=4)
+        worker.ask(cmd="single", prompt=warm, new=4)
     order = list(runners)
     started = time.perf_counter()
     for round_index in range(rounds):
+        prompts, stream_prompts = fresh_prompts(round_index)  # every side gets the same prompts in a round
         for name in order[round_index % len(order):] + order[:round_index % len(order)]:  # rotate who goes first
-            single[name].append(runners[name]())
+            context, run = runners[name]
+            single[name].append(run(prompts[context]))
         if args.single_only:
             continue
         if small:
             for count in streams:
-                streams[count].append(ours_streams(model, stream_prompts[:count], new))
+                streams[count].append(ours_streams(model, stream_prompts[count], new))
         for precision, engine in ours.items():
             for count in fused_streams[precision]:
-                fused_streams[precision][count].append(ours_streams(engine, stream_prompts[:count], new))
+                fused_streams[precision][count].append(ours_streams(engine, stream_prompts[count], new))
         if "fp32" in genai:
-            genai_batch8.append(genai["fp32"].ask(cmd="batch", prompts=stream_prompts, new=new)
+            genai_batch8.append(genai["fp32"].ask(cmd="batch", prompts=stream_prompts[8], new=new)
                                 ["aggregate_tokens_per_s"])
         for precision, worker in llamacpp.items():
             llamacpp_batch8[PEERS[precision]["llama.cpp"]].append(
-                worker.ask(cmd="batch", prompts=stream_prompts, new=new)["aggregate_tokens_per_s"])
+                worker.ask(cmd="batch", prompts=stream_prompts[8], new=new)["aggregate_tokens_per_s"])
     rounds_s = time.perf_counter() - started
     # Shared 1,000-token prefix: uncached = a fresh prefix each time; cached = the same prefix again.
     cached_ms, uncached_ms = [], []
