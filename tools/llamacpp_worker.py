@@ -3,7 +3,9 @@
 ``python tools/llamacpp_worker.py gguf HF_FOLDER OUT_FOLDER`` writes ``f32.gguf``
 with llama.cpp's own ``convert_hf_to_gguf.py`` (the copy vendored in the
 llama-cpp-python sdist, found under ``$EDGE_RUNTIME_LLAMACPP_SRC`` or
-``<venv>/src/llama_cpp_python-*/vendor/llama.cpp``), then ``q8_0.gguf`` and
+``<venv>/src/llama_cpp_python-*/vendor/llama.cpp``; run as it is, except that a BPE
+pre-tokenizer it does not recognise is labelled instead of refused: see
+``PRE_TOKENIZER``), then ``q8_0.gguf`` and
 ``q4_0.gguf`` with llama.cpp's quantizer (``llama_model_quantize``, as the
 ``llama-quantize`` tool calls it). ``python tools/llamacpp_worker.py serve GGUF
 THREADS CTX`` loads one file and answers one JSON line per command line on stdin:
