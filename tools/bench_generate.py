@@ -3,7 +3,7 @@
 Models (``--shape``): ``small``, a ~31M-parameter Qwen2-architecture decoder
 (hidden 512, 8 layers, GQA 8/2 heads, intermediate 1408, vocab 16384), or
 ``0.5b``, Qwen2.5-0.5B's body (hidden 896, 24 layers, GQA 14/2, intermediate
-4864) with a 16k vocabulary (~360M parameters); random weights, fp32, built with
+4864) with a 16k vocabulary (~373M parameters); random weights, fp32, built with
 ``transformers`` (``hf_decoders``). The same checkpoint goes to every engine:
 
 * edge-runtime (in-process, through its batcher, as an app gets it): our fused
@@ -157,7 +157,7 @@ def main() -> int:
                         help="only the interleaved single-stream rounds (no streams, no prefix cache): more rounds "
                              "in the same time on a noisy machine")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
-                        help="small: the ~31M model (default); 0.5b: Qwen2.5-0.5B's body, ~360M parameters (only "
+                        help="small: the ~31M model (default); 0.5b: Qwen2.5-0.5B's body, ~373M parameters (only "
                              "the fused graph of ours: no optimum export, unfused graph or plain loop)")
     parser.add_argument("--precisions", default="fp32",
                         help="ours among fp32,int8,int4 (comma-separated; default fp32); int4 adds genai int4")
