@@ -1,29 +1,51 @@
-"""Benchmark: text generation of edge-runtime against onnxruntime-genai and a plain ONNX Runtime loop.
+"""Benchmark: text generation of edge-runtime against onnxruntime-genai, llama.cpp and a plain ORT loop.
 
-Model: a ~31M-parameter Qwen2-architecture decoder with random weights (hidden
-512, 8 layers, GQA 8/2 heads, vocab 16384, fp32) built with ``transformers``
-and exported by ``optimum`` for edge-runtime and the plain loop; the same
-weights go through onnxruntime-genai's model builder (its own venv:
-``--genai-python``, default ``$EDGE_RUNTIME_GENAI_PYTHON`` or
-``/work/venvs/genai/bin/python``). Same intra-op threads everywhere.
+Models (``--shape``): ``small``, a ~31M-parameter Qwen2-architecture decoder
+(hidden 512, 8 layers, GQA 8/2 heads, intermediate 1408, vocab 16384), or
+``0.5b``, Qwen2.5-0.5B's body (hidden 896, 24 layers, GQA 14/2, intermediate
+4864) with a 16k vocabulary (~373M parameters); random weights, fp32, built with
+``transformers`` (``hf_decoders``). The same checkpoint goes to every engine:
 
-* single stream, 64-token prompt, 128 new tokens (greedy, EOS ignored): time
-  to first token and decode tokens/s of edge-runtime (through its batcher, as
-  an app gets it) on the optimum export and on its own graph of the same
-  weights (``decoder_zoo.decoder_folder_from_hf``: fused projections, no shape
-  subgraphs), on our fused graph of them (``fused=True``: GroupQueryAttention,
-  KV appended in place), onnxruntime-genai, and a hand-written ORT loop feeding
-  ``present`` back as ``past`` through numpy; the same for our two graphs at a
-  1,024-token context (where a per-token copy of the cache would show);
-* aggregate tokens/s with 1, 4 and 8 concurrent streams (continuous batching),
-  on the optimum export and on the fused graph, and genai's static batch of 8 beside it;
-* time to first token with a 1,000-token shared prefix: cached (the prefix
-  cache holds it) against uncached (a fresh prefix every time).
+* edge-runtime (in-process, through its batcher, as an app gets it): our fused
+  graph of the weights (``decoder_zoo.decoder_folder_from_hf``: GroupQueryAttention,
+  KV appended in place) at fp32, and with ``--precisions fp32,int8,int4`` that
+  folder quantized by ``edge_runtime.optimize.decoder_quant`` (what ``edge-runtime
+  quantize FOLDER --mode int8|int4`` writes: MatMulNBits, block 32, accuracy level
+  4); at ``small`` also the optimum export, our unfused graph and a plain ORT loop;
+* onnxruntime-genai (``--genai-python``, default ``$EDGE_RUNTIME_GENAI_PYTHON`` or
+  ``/work/venvs/genai/bin/python``): its model builder at fp32 (and int4 when
+  ``int4`` is among the precisions), in ``tools/genai_worker.py``;
+* llama.cpp (``--llamacpp-python``, default ``$EDGE_RUNTIME_LLAMACPP_PYTHON``; off
+  when unset): llama-cpp-python in ``tools/llamacpp_worker.py``, GGUF written by
+  llama.cpp's ``convert_hf_to_gguf.py`` (f32) and quantized by its quantizer
+  (q8_0, q4_0). Its venv: ``bash tools/llamacpp_venv.sh [/tmp/edge-runtime-llamacpp]``
+  (``.ci/run`` runs it with ``EDGE_RUNTIME_CI_LLAMACPP=1``): llama-cpp-python 0.3.36
+  built from its sdist with ``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
+  -DGGML_F16C=ON -DGGML_AVX512=...`` (each x86 extension as /proc/cpuinfo lists it)
+  ``-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"`` — with
+  ``GGML_NATIVE`` on, a VM whose CPU lists AMX crashes in q4_0/q8_0 generation —
+  plus torch 2.13.0 CPU, transformers 4.57.6, sentencepiece and the sdist's own gguf-py for the
+  converter, the sdist unpacked under ``<venv>/src`` where the worker finds it.
 
-Rounds interleave the engines (noise on a shared machine hits all alike);
-each figure is the best of its rounds. Prints JSON, writes a PNG.
+Same intra-op threads everywhere. Measured:
 
-Usage: ``python tools/bench_generate.py [--quick] [--threads 2] [--out bench-results/generate]``
+* single stream, ``--context`` prompts (default 64 and 1,024 tokens), 128 new
+  tokens (greedy, EOS ignored): time to first token and decode tokens/s
+  ((N - 1) / time after the first token) of every side; ratios ours ÷ genai and
+  ours ÷ llama.cpp at matching precision (fp32 <-> f32, int8 <-> q8_0, int4 <->
+  q4_0) and how many greedy tokens agree (random weights: a near-tie flips a token
+  and everything after it, so agreement is reported, not required);
+* aggregate tokens/s of 1 and 8 concurrent streams (our continuous batching on the
+  fused graph at each precision), genai's static batch of 8, llama.cpp's batched
+  decoding of 8 sequences (one ``llama_batch`` per step); at ``small`` also 4
+  streams on the optimum export;
+* time to first token with a 1,000-token shared prefix: cached against uncached.
+
+Rounds interleave every side (the order rotating; noise on a shared machine hits
+all alike); each figure is the best of its rounds. Prints JSON, writes a PNG.
+
+Usage: ``python tools/bench_generate.py [--quick] [--threads 2] [--shape small|0.5b]
+[--precisions fp32,int8,int4] [--context 64,1024] [--llamacpp-python PATH] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -31,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,72 +66,22 @@ for _path in (ROOT, ROOT / "tools"):
     if str(_path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(_path))
 
+from generate_peers import JsonWorker, PlainLoop, genai_worker, llamacpp_workers  # noqa: E402
 from hf_decoders import DecoderSpec, hf_folder, optimum_folder  # noqa: E402
 
-SPEC = DecoderSpec(arch="qwen2", hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1408, vocab=16384,
-                   max_positions=2048, seed=0)
+SHAPES = {
+    "small": DecoderSpec(arch="qwen2", hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1408, vocab=16384,
+                         max_positions=2048, seed=0),
+    # Qwen2.5-0.5B's body (its vocabulary is 152k; 16k keeps the tokenizer and the LM head small).
+    "0.5b": DecoderSpec(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=16384,
+                        max_positions=2048, seed=0),
+}
+SPEC = SHAPES["small"]  # tools/bench_fused_decode.py measures the same model
 GENAI_PYTHON = os.environ.get("EDGE_RUNTIME_GENAI_PYTHON", "/work/venvs/genai/bin/python")
-
-
-class GenaiWorker:
-    """tools/genai_worker.py in the genai venv, answering one JSON line per command."""
-
-    def __init__(self, python: str, hf: Path, root: Path, threads: int) -> None:
-        folder = root / f"genai-{SPEC.key}"
-        worker = str(ROOT / "tools" / "genai_worker.py")
-        if not (folder / "genai_config.json").is_file():
-            subprocess.run([python, worker, "build", str(hf), str(folder)], check=True)
-        self.process = subprocess.Popen([python, worker, "serve", str(folder), str(threads)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
-        self.version = self._read()["version"]
-
-    def _read(self) -> dict[str, Any]:
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise RuntimeError("the genai worker exited")
-        return json.loads(line)
-
-    def ask(self, **command: Any) -> dict[str, Any]:
-        self.process.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
-        self.process.stdin.flush()  # type: ignore[union-attr]
-        return self._read()
-
-    def close(self) -> None:
-        self.process.stdin.close()  # type: ignore[union-attr]
-        self.process.wait(timeout=30)
-
-
-class PlainLoop:
-    """What a user writes by hand: ORT session, present fed back as past through numpy."""
-
-    def __init__(self, model_path: Path, threads: int, layers: int, kv_heads: int, head_dim: int) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        self.names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
-        self.empty = np.zeros((1, kv_heads, 0, head_dim), np.float32)
-
-    def run(self, prompt: list[int], new: int) -> dict[str, Any]:
-        started = time.perf_counter()
-        n = len(prompt)
-        feeds = {"input_ids": np.array([prompt], np.int64), "attention_mask": np.ones((1, n), np.int64),
-                 "position_ids": np.arange(n, dtype=np.int64)[None], **{k: self.empty for k in self.names}}
-        outputs = self.session.run(None, feeds)
-        tokens = [int(np.argmax(outputs[0][0, -1]))]
-        first = time.perf_counter()
-        for _ in range(new - 1):
-            length = n + len(tokens) - 1
-            feeds = {"input_ids": np.array([[tokens[-1]]], np.int64),
-                     "attention_mask": np.ones((1, length + 1), np.int64),
-                     "position_ids": np.array([[length]], np.int64), **dict(zip(self.names, outputs[1:]))}
-            outputs = self.session.run(None, feeds)
-            tokens.append(int(np.argmax(outputs[0][0, -1])))
-        end = time.perf_counter()
-        return {"ttft_ms": (first - started) * 1e3, "decode_tokens_per_s": (new - 1) / (end - first),
-                "tokens": tokens}
+LLAMACPP_PYTHON = os.environ.get("EDGE_RUNTIME_LLAMACPP_PYTHON")
+# Our precision -> the peers' name for the same weight format (None: the peer has none measured).
+PEERS = {"fp32": {"genai": "fp32", "llama.cpp": "f32"}, "int8": {"genai": None, "llama.cpp": "q8_0"},
+         "int4": {"genai": "int4", "llama.cpp": "q4_0"}}
 
 
 def ours_single(model: Any, prompt: list[int], new: int) -> dict[str, Any]:
@@ -131,6 +102,44 @@ def best(values: list[float], high: bool = True) -> float:
     return max(values) if high else min(values)
 
 
+def side(engine: str, precision: str, context: int) -> str:
+    """A single-stream side's name: engine, precision where not fp32/f32, context where not 64."""
+    name = engine if precision in ("fp32", "f32") and engine != "llama.cpp" else f"{engine}-{precision}"
+    return name if context == 64 else f"{name}-ctx{context}"
+
+
+def agreement(ours: list[int], theirs: list[int]) -> dict[str, Any]:
+    """How far two greedy token sequences agree: equal, first position that differs, share of equal positions."""
+    same = [a == b for a, b in zip(ours, theirs)]
+    first = next((i for i, s in enumerate(same) if not s), None)
+    if first is None and len(ours) != len(theirs):
+        first = min(len(ours), len(theirs))
+    return {"equal": first is None, "first_difference": first,
+            "same_position_share": round(sum(same) / max(len(ours), len(theirs), 1), 3)}
+
+
+def precision_table(single: dict[str, Any], contexts: list[int], precisions: list[str]) -> dict[str, Any]:
+    """Per context and precision: our decode tokens/s and ours ÷ each peer at the matching weight format."""
+    table: dict[str, Any] = {}
+    for context in contexts:
+        for precision in precisions:
+            ours = single.get(side("edge-runtime-fused", precision, context))
+            if ours is None:
+                continue
+            row: dict[str, Any] = {"ours_decode_tokens_per_s": ours["decode_tokens_per_s_best"],
+                                   "ours_ttft_ms": ours["ttft_ms_best"]}
+            for engine, theirs in PEERS[precision].items():
+                peer = single.get(side("onnxruntime-genai" if engine == "genai" else engine, theirs, context)) \
+                    if theirs else None
+                if peer is not None:
+                    row[f"{engine}_{theirs}_decode_tokens_per_s"] = peer["decode_tokens_per_s_best"]
+                    row[f"{engine}_{theirs}_ttft_ms"] = peer["ttft_ms_best"]
+                    row[f"ours_vs_{engine}"] = round(ours["decode_tokens_per_s_best"]
+                                                     / peer["decode_tokens_per_s_best"], 2)
+            table[f"ctx{context}-{precision}"] = row
+    return table
+
+
 def main() -> int:
     if "--structured" in sys.argv[1:]:  # the constrained-decoding comparison lives in its own module
         import bench_structured
@@ -143,142 +152,242 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 32 new tokens (a smoke run)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per request (default 128, quick 32)")
     parser.add_argument("--single-only", action="store_true",
                         help="only the interleaved single-stream rounds (no streams, no prefix cache): more rounds "
                              "in the same time on a noisy machine")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
+                        help="small: the ~31M model (default); 0.5b: Qwen2.5-0.5B's body, ~373M parameters (only "
+                             "the fused graph of ours: no optimum export, unfused graph or plain loop)")
+    parser.add_argument("--precisions", default="fp32",
+                        help="ours among fp32,int8,int4 (comma-separated; default fp32); int4 adds genai int4")
+    parser.add_argument("--context", default="64,1024", help="prompt lengths, comma-separated (default 64,1024)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "generate")
     parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "edge-runtime" / "bench-models")
     parser.add_argument("--genai-python", default=GENAI_PYTHON)
+    parser.add_argument("--llamacpp-python", default=LLAMACPP_PYTHON,
+                        help="python of the llama-cpp-python venv (default $EDGE_RUNTIME_LLAMACPP_PYTHON; "
+                             "without it llama.cpp is not measured)")
     args = parser.parse_args()
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    contexts = sorted({int(c) for c in args.context.split(",") if c.strip()})
+    if not precisions or any(p not in PEERS for p in precisions) or "fp32" not in precisions:
+        parser.error(f"--precisions: a comma-separated subset of {', '.join(PEERS)} that includes fp32")
+    if not contexts or 64 not in contexts or any(c < 1 or c > 1900 for c in contexts):
+        parser.error("--context: prompt lengths from 1 to 1900 that include 64")
     rounds = args.rounds or (2 if args.quick else 5)
-    new = 32 if args.quick else 128
+    new = args.new_tokens or (32 if args.quick else 128)
+    spec, small = SHAPES[args.shape], args.shape == "small"
     prefix_tokens, trials = 1000, (2 if args.quick else 4)
 
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.optimize.decoder_quant import quantize_decoder
 
     args.models.mkdir(parents=True, exist_ok=True)
-    hf, folder = hf_folder(SPEC, args.models), optimum_folder(SPEC, args.models)
+    hf = hf_folder(spec, args.models)
     settings = GenerationSettings(max_batch_size=8, threads=args.threads, max_seq_len=2048,
                                   prefix_cache_bytes=512 * 1024 * 1024, prefill_chunk_tokens=512)
-    from edge_runtime.decoder_zoo import decoder_folder_from_hf
-
-    lean_folder, fused_folder = args.models / f"lean-{SPEC.key}", args.models / f"fused-{SPEC.key}"
-    if not (lean_folder / "model.onnx").is_file():
-        decoder_folder_from_hf(hf, lean_folder)
+    fused_folder = args.models / f"fused-{spec.key}"
     if not (fused_folder / "model.onnx").is_file():
         decoder_folder_from_hf(hf, fused_folder, fused=True)
-    model = GenerativeModel("bench", folder, settings)
-    lean = GenerativeModel("bench-lean", lean_folder, settings)
-    fused = GenerativeModel("bench-fused", fused_folder, settings)
-    kv = model.folder.kv
-    plain = PlainLoop(folder / "model.onnx", args.threads, kv.layers, kv.kv_heads, kv.head_dim)
-    genai = None
-    genai_note = None
+    ours: dict[str, Any] = {"fp32": GenerativeModel("bench-fused", fused_folder, settings)}
+    for precision in [p for p in precisions if p != "fp32"]:
+        quantized = args.models / f"fused-{precision}-{spec.key}"
+        if not (quantized / "model.onnx").is_file():
+            quantize_decoder(fused_folder, quantized, precision)
+        ours[precision] = GenerativeModel(f"bench-fused-{precision}", quantized, settings)
+    fused = ours["fp32"]
+    model = lean = plain = None
+    if small:  # the unfused sides: the optimum export (911 nodes), our plain-ONNX graph, a hand loop
+        folder = optimum_folder(spec, args.models)
+        lean_folder = args.models / f"lean-{spec.key}"
+        if not (lean_folder / "model.onnx").is_file():
+            decoder_folder_from_hf(hf, lean_folder, fused=False)
+        model = GenerativeModel("bench", folder, settings)
+        lean = GenerativeModel("bench-lean", lean_folder, settings)
+        kv = model.folder.kv
+        plain = PlainLoop(folder / "model.onnx", args.threads, kv.layers, kv.kv_heads, kv.head_dim)
+    notes: list[str] = []
+    genai: dict[str, JsonWorker] = {}
     if Path(args.genai_python).is_file():
-        genai = GenaiWorker(args.genai_python, hf, args.models, args.threads)
+        for precision in [p for p in precisions if PEERS[p]["genai"]]:
+            name = "genai" if precision == "fp32" else f"genai-{precision}"  # fp32 keeps its older cache name
+            genai[precision] = genai_worker(args.genai_python, hf, args.models / f"{name}-{spec.key}", args.threads,
+                                            precision)
     else:
-        genai_note = f"onnxruntime-genai not measured: no interpreter at {args.genai_python}"
+        notes.append(f"onnxruntime-genai not measured: no interpreter at {args.genai_python}")
+    llamacpp: dict[str, JsonWorker] = {}
+    if args.llamacpp_python and Path(args.llamacpp_python).is_file():
+        workers = llamacpp_workers(args.llamacpp_python, hf, args.models / f"gguf-{spec.key}", args.threads,
+                                   max(contexts) + new + 16)
+        llamacpp = {p: workers[PEERS[p]["llama.cpp"]] for p in precisions}
+        for unused in set(workers.values()) - set(llamacpp.values()):
+            unused.close()
+    else:
+        notes.append(f"llama.cpp not measured: no --llamacpp-python / $EDGE_RUNTIME_LLAMACPP_PYTHON interpreter "
+                     f"({args.llamacpp_python!r})")
     rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(10, SPEC.vocab, 64)]
-    stream_prompts = [[int(t) for t in rng.integers(10, SPEC.vocab, 64)] for _ in range(8)]
-    long_prompt = [int(t) for t in rng.integers(10, SPEC.vocab, 1024)]
-    single: dict[str, list[dict[str, Any]]] = {"edge-runtime": [], "edge-runtime-own-graph": [],
-                                               "edge-runtime-fused": [], "plain-ort-loop": [], "onnxruntime-genai": [],
-                                               "edge-runtime-own-graph-ctx1024": [], "edge-runtime-fused-ctx1024": []}
+
+    def fresh_prompts(seed: int) -> tuple[dict[int, list[int]], dict[int, list[list[int]]]]:
+        """A prompt of each context length, and 64-token prompts for 1, 4 and 8 streams (none shared), new
+        every round: a prompt seen before would come from our prefix cache while the peers recompute it."""
+        draw = np.random.default_rng(seed)
+        singles = {c: [int(t) for t in draw.integers(10, spec.vocab, c)] for c in contexts}
+        pool = [[int(t) for t in draw.integers(10, spec.vocab, 64)] for _ in range(13)]
+        return singles, {1: pool[:1], 4: pool[1:5], 8: pool[5:]}
+
+    # Each runner: (context, answer for a prompt of that length) -> one single-stream measurement.
+    runners: dict[str, tuple[int, Any]] = {}
+    for context in contexts:
+        for precision, engine in ours.items():
+            runners[side("edge-runtime-fused", precision, context)] = \
+                (context, lambda t, e=engine: ours_single(e, t, new))
+        for precision, worker in genai.items():
+            runners[side("onnxruntime-genai", precision, context)] = \
+                (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
+        for precision, worker in llamacpp.items():
+            runners[side("llama.cpp", PEERS[precision]["llama.cpp"], context)] = \
+                (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
+    if small:
+        runners.update({"edge-runtime": (64, lambda t: ours_single(model, t, new)),
+                        "edge-runtime-own-graph": (64, lambda t: ours_single(lean, t, new)),
+                        "plain-ort-loop": (64, lambda t: plain.run(t, new))})
+        if 1024 in contexts:
+            runners["edge-runtime-own-graph-ctx1024"] = (1024, lambda t: ours_single(lean, t, new))
+    single: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     streams: dict[int, list[float]] = {1: [], 4: [], 8: []}
-    fused_streams: dict[int, list[float]] = {1: [], 8: []}
+    fused_streams = {precision: {1: [], 8: []} for precision in ours}
     genai_batch8: list[float] = []
-    model.generate(prompt, max_tokens=4, ignore_eos=True)  # warm-up
-    lean.generate(prompt, max_tokens=4, ignore_eos=True)
-    fused.generate(prompt, max_tokens=4, ignore_eos=True)
-    plain.run(prompt, 4)
-    if genai is not None:
-        genai.ask(cmd="single", prompt=prompt, new=4)
-    runners = {"edge-runtime": lambda: ours_single(model, prompt, new),
-               "edge-runtime-own-graph": lambda: ours_single(lean, prompt, new),
-               "edge-runtime-fused": lambda: ours_single(fused, prompt, new),
-               "plain-ort-loop": lambda: plain.run(prompt, new),
-               "edge-runtime-own-graph-ctx1024": lambda: ours_single(lean, long_prompt, new),
-               "edge-runtime-fused-ctx1024": lambda: ours_single(fused, long_prompt, new)}
-    if genai is not None:
-        runners["onnxruntime-genai"] = lambda: genai.ask(cmd="single", prompt=prompt, new=new)
+    llamacpp_batch8: dict[str, list[float]] = {PEERS[p]["llama.cpp"]: [] for p in llamacpp}
+    warm = fresh_prompts(10_000)[0][64]
+    for engine in [*ours.values(), *([model, lean] if small else [])]:  # warm-up
+        engine.generate(warm, max_tokens=4, ignore_eos=True)
+    if plain is not None:
+        plain.run(warm, 4)
+    for worker in [*genai.values(), *llamacpp.values()]:
+        worker.ask(cmd="single", prompt=warm, new=4)
     order = list(runners)
+    started = time.perf_counter()
     for round_index in range(rounds):
+        prompts, stream_prompts = fresh_prompts(round_index)  # every side gets the same prompts in a round
         for name in order[round_index % len(order):] + order[:round_index % len(order)]:  # rotate who goes first
-            single[name].append(runners[name]())
+            context, run = runners[name]
+            single[name].append(run(prompts[context]))
         if args.single_only:
             continue
-        for count in streams:
-            streams[count].append(ours_streams(model, stream_prompts[:count], new))
-        for count in fused_streams:
-            fused_streams[count].append(ours_streams(fused, stream_prompts[:count], new))
-        if genai is not None:
-            genai_batch8.append(genai.ask(cmd="batch", prompts=stream_prompts, new=new)["aggregate_tokens_per_s"])
+        if small:
+            for count in streams:
+                streams[count].append(ours_streams(model, stream_prompts[count], new))
+        for precision, engine in ours.items():
+            for count in fused_streams[precision]:
+                fused_streams[precision][count].append(ours_streams(engine, stream_prompts[count], new))
+        if "fp32" in genai:
+            genai_batch8.append(genai["fp32"].ask(cmd="batch", prompts=stream_prompts[8], new=new)
+                                ["aggregate_tokens_per_s"])
+        for precision, worker in llamacpp.items():
+            llamacpp_batch8[PEERS[precision]["llama.cpp"]].append(
+                worker.ask(cmd="batch", prompts=stream_prompts[8], new=new)["aggregate_tokens_per_s"])
+    rounds_s = time.perf_counter() - started
     # Shared 1,000-token prefix: uncached = a fresh prefix each time; cached = the same prefix again.
     cached_ms, uncached_ms = [], []
-    shared = [int(t) for t in rng.integers(10, SPEC.vocab, prefix_tokens)]
+    prefixed = model if small else fused
+    shared = [int(t) for t in rng.integers(10, spec.vocab, prefix_tokens)]
     if not args.single_only:
-        model.generate(shared + [11, 12, 13], max_tokens=1)  # fill the cache once
+        prefixed.generate(shared + [11, 12, 13], max_tokens=1)  # fill the cache once
     for trial in range(0 if args.single_only else trials):
-        fresh = [int(t) for t in rng.integers(10, SPEC.vocab, prefix_tokens)]
-        suffix = [int(t) for t in rng.integers(10, SPEC.vocab, 16)]
-        uncached_ms.append(model.generate(fresh + suffix, max_tokens=1).time_to_first_token_s * 1e3)
-        hit = model.generate(shared + suffix, max_tokens=1)
+        fresh = [int(t) for t in rng.integers(10, spec.vocab, prefix_tokens)]
+        suffix = [int(t) for t in rng.integers(10, spec.vocab, 16)]
+        uncached_ms.append(prefixed.generate(fresh + suffix, max_tokens=1).time_to_first_token_s * 1e3)
+        hit = prefixed.generate(shared + suffix, max_tokens=1)
         assert hit.usage.cached_tokens >= prefix_tokens - settings.prefix_block_tokens
         cached_ms.append(hit.time_to_first_token_s * 1e3)
-    agree = None
-    if genai is not None:
-        agree = single["onnxruntime-genai"][0]["tokens"] == single["edge-runtime"][0]["tokens"]
+
+    def tokens(name: str) -> list[int] | None:
+        return single[name][0]["tokens"] if single.get(name) else None
+
+    agree: dict[str, Any] = {}
+    for context in contexts:
+        for precision in ours:
+            mine = tokens(side("edge-runtime-fused", precision, context))
+            for engine, theirs in PEERS[precision].items():
+                other = tokens(side("onnxruntime-genai" if engine == "genai" else engine, theirs, context)) \
+                    if theirs else None
+                if other is not None:
+                    agree[f"ctx{context}-{precision}-vs-{engine}-{theirs}"] = agreement(mine, other)
+            if precision == "fp32":
+                continue
+            # How far quantization moves each engine's own greedy tokens: on random weights the margins
+            # are thin, so a quantized side leaving its fp32 early is the model, not a broken kernel.
+            agree[f"ctx{context}-{precision}-vs-ours-fp32"] = agreement(
+                mine, tokens(side("edge-runtime-fused", "fp32", context)))
+            for engine, theirs in PEERS[precision].items():
+                name = "onnxruntime-genai" if engine == "genai" else engine
+                quantized = tokens(side(name, theirs, context)) if theirs else None
+                full = tokens(side(name, PEERS["fp32"][engine], context))
+                if quantized is not None and full is not None:
+                    agree[f"ctx{context}-{engine}-{theirs}-vs-{engine}-{PEERS['fp32'][engine]}"] = \
+                        agreement(quantized, full)
+    if small:
+        for name in ("edge-runtime", "edge-runtime-own-graph", "plain-ort-loop"):
+            agree[f"ctx64-fp32-fused-vs-{name}"] = agreement(tokens("edge-runtime-fused"), tokens(name))
+        if 1024 in contexts:
+            agree["ctx1024-fp32-fused-vs-own-graph"] = agreement(tokens("edge-runtime-fused-ctx1024"),
+                                                                 tokens("edge-runtime-own-graph-ctx1024"))
     summary: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "model": {"params_millions": round(_params(SPEC) / 1e6, 1), **SPEC.__dict__},
-        "threads": args.threads, "rounds": rounds, "prompt_tokens": len(prompt), "new_tokens": new,
-        "onnxruntime_genai": genai.version if genai is not None else genai_note,
-        "greedy_tokens_agree_with_genai": agree,
-        "greedy_tokens_agree_with_plain_loop": single["plain-ort-loop"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
-        "greedy_tokens_agree_own_graph": single["edge-runtime-own-graph"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
-        "greedy_tokens_agree_fused": single["edge-runtime-fused"][0]["tokens"] == single["edge-runtime"][0]["tokens"],
-        "greedy_tokens_agree_fused_ctx1024": (single["edge-runtime-fused-ctx1024"][0]["tokens"]
-                                              == single["edge-runtime-own-graph-ctx1024"][0]["tokens"]),
+        "shape": args.shape, "model": {"params_millions": round(_params(spec) / 1e6, 1), **spec.__dict__},
+        "threads": args.threads, "rounds": rounds, "contexts": contexts, "new_tokens": new,
+        "precisions": precisions, "rounds_seconds": round(rounds_s, 1),
+        "onnxruntime_genai": next(iter(genai.values())).version if genai else None,
+        "llama_cpp_python": next(iter(llamacpp.values())).version if llamacpp else None,
+        "notes": notes,
+        "greedy_token_agreement": agree,
         "single_stream": {name: {"ttft_ms_best": round(best([r["ttft_ms"] for r in rows], high=False), 2),
                                  "decode_tokens_per_s_best": round(best([r["decode_tokens_per_s"] for r in rows]), 1)}
                           for name, rows in single.items() if rows},
         "aggregate_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in streams.items() if v},
-        "aggregate_fused_tokens_per_s_best": {str(k): round(best(v), 1) for k, v in fused_streams.items() if v},
+        "aggregate_fused_tokens_per_s_best": {p: {str(k): round(best(v), 1) for k, v in counts.items() if v}
+                                              for p, counts in fused_streams.items()},
         "genai_static_batch8_tokens_per_s_best": round(best(genai_batch8), 1) if genai_batch8 else None,
+        "llamacpp_batch8_tokens_per_s_best": {p: round(best(v), 1) for p, v in llamacpp_batch8.items() if v},
         "prefix_ttft_ms_best": {"uncached": round(min(uncached_ms), 2), "cached": round(min(cached_ms), 2),
                                 "prefix_tokens": prefix_tokens} if cached_ms else None,
     }
     s = summary["single_stream"]
+    summary["by_precision"] = precision_table(s, contexts, precisions)
+    fs = summary["aggregate_fused_tokens_per_s_best"]
     summary["ratios"] = {
-        "decode_vs_genai": _ratio(s, "onnxruntime-genai"),
-        "decode_own_graph_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-own-graph"),
-        "decode_vs_plain_loop": _ratio(s, "plain-ort-loop"),
         "decode_fused_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-fused"),
-        "decode_fused_vs_own_graph": _ratio(s, "edge-runtime-own-graph", "edge-runtime-fused"),
-        "decode_fused_vs_optimum": _ratio(s, "edge-runtime", "edge-runtime-fused"),
-        "decode_fused_vs_own_graph_ctx1024": _ratio(s, "edge-runtime-own-graph-ctx1024", "edge-runtime-fused-ctx1024"),
         "decode_fused_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-fused", "edge-runtime-fused-ctx1024"),
-        "decode_own_graph_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-own-graph", "edge-runtime-own-graph-ctx1024"),
-        "fused_streams8_vs_streams1": round(best(fused_streams[8]) / best(fused_streams[1]), 2) if streams[8] else None,
-        "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2) if streams[8] else None,
+        "fused_streams8_vs_streams1": {p: round(v["8"] / v["1"], 2) for p, v in fs.items() if "8" in v},
         "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3) if cached_ms else None,
     }
+    if small:
+        summary["ratios"].update({
+            "decode_vs_genai": _ratio(s, "onnxruntime-genai"),
+            "decode_own_graph_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-own-graph"),
+            "decode_vs_plain_loop": _ratio(s, "plain-ort-loop"),
+            "decode_fused_vs_own_graph": _ratio(s, "edge-runtime-own-graph", "edge-runtime-fused"),
+            "decode_fused_vs_optimum": _ratio(s, "edge-runtime", "edge-runtime-fused"),
+            "decode_fused_vs_own_graph_ctx1024": _ratio(s, "edge-runtime-own-graph-ctx1024",
+                                                        "edge-runtime-fused-ctx1024"),
+            "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2) if streams[8] else None,
+        })
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_generate.json").write_text(json.dumps(summary, indent=2))
     _plot(summary, args.out / "bench_generate.png")
     print(json.dumps(summary, indent=2))
-    model.close()
-    lean.close()
-    fused.close()
-    if genai is not None:
-        genai.close()
+    for engine in [*ours.values(), *([model, lean] if small else [])]:
+        engine.close()
+    for worker in [*genai.values(), *llamacpp.values()]:
+        worker.close()
     return 0
 
 
 def _ratio(single: dict[str, Any], other: str, ours: str = "edge-runtime") -> float | None:
-    if other not in single:
+    if other not in single or ours not in single:
         return None
     return round(single[ours]["decode_tokens_per_s_best"] / single[other]["decode_tokens_per_s_best"], 2)
 
@@ -295,23 +404,33 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    single = summary["single_stream"]
-    axes[0].bar(list(single), [v["decode_tokens_per_s_best"] for v in single.values()], color="tab:blue")
-    axes[0].set_title("single-stream decode tokens/s")
-    streams = summary["aggregate_tokens_per_s_best"]
-    labels = [f"{k} streams" for k in streams] + (["genai batch 8"] if summary["genai_static_batch8_tokens_per_s_best"]
-                                                  else [])
-    values = list(streams.values()) + ([summary["genai_static_batch8_tokens_per_s_best"]]
-                                       if summary["genai_static_batch8_tokens_per_s_best"] else [])
-    axes[1].bar(labels, values, color="tab:green")
-    axes[1].set_title("aggregate tokens/s (edge-runtime continuous batching)")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    # Decode tokens/s per weight format and context, our fused graph beside each peer's matching format.
+    table = summary["by_precision"]
+    engines = (("ours", "tab:blue"), ("genai", "tab:orange"), ("llama.cpp", "tab:red"))
+    width = 0.8 / len(engines)
+    for index, (engine, colour) in enumerate(engines):
+        # A row names each peer's rate by its format ("llama.cpp_q4_0_decode_tokens_per_s"); 0 where none ran.
+        values = [next((v for k, v in row.items() if k.startswith(f"{engine}_")
+                        and k.endswith("decode_tokens_per_s")), 0) for row in table.values()]
+        axes[0].bar([i + index * width for i in range(len(table))], values, width, label=engine, color=colour)
+    axes[0].set_xticks([i + 0.4 - width / 2 for i in range(len(table))], list(table))
+    axes[0].set_title("single-stream decode tokens/s at matching precision")
+    axes[0].legend(fontsize=8)
+    streams = {f"ours {p} x{k}": v for p, counts in summary["aggregate_fused_tokens_per_s_best"].items()
+               for k, v in counts.items()}
+    if summary["genai_static_batch8_tokens_per_s_best"]:
+        streams["genai fp32 batch 8"] = summary["genai_static_batch8_tokens_per_s_best"]
+    streams.update({f"llama.cpp {p} x8": v for p, v in summary["llamacpp_batch8_tokens_per_s_best"].items()})
+    axes[1].bar(list(streams), list(streams.values()), color="tab:green")
+    axes[1].set_title("aggregate tokens/s, 1 and 8 streams")
     prefix = summary["prefix_ttft_ms_best"] or {"uncached": 0, "cached": 0, "prefix_tokens": 0}
-    axes[2].bar(["uncached", "cached"], [prefix["uncached"], prefix["cached"]], color="tab:orange")
+    axes[2].bar(["uncached", "cached"], [prefix["uncached"], prefix["cached"]], color="tab:purple")
     axes[2].set_title(f"TTFT ms, {prefix['prefix_tokens']}-token shared prefix")
     for axis in axes:
-        axis.tick_params(axis="x", labelrotation=15)
-    fig.suptitle(f"{summary['model']['params_millions']}M-param Qwen2-style decoder, {summary['threads']} threads")
+        axis.tick_params(axis="x", labelrotation=30, labelsize=7)
+    fig.suptitle(f"{summary['model']['params_millions']}M-param Qwen2-style decoder ({summary['shape']}), "
+                 f"{summary['threads']} threads, best of {summary['rounds']} interleaved rounds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

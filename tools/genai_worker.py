@@ -1,7 +1,7 @@
 """onnxruntime-genai side of ``tools/bench_generate.py``, run in its own venv (transformers 5.x, onnx-ir).
 
-``python tools/genai_worker.py build HF_FOLDER OUT`` runs genai's model builder
-(fp32, cpu) and sets the session's intra-op threads; ``python
+``python tools/genai_worker.py build HF_FOLDER OUT [fp32|int4]`` runs genai's model builder
+(cpu; fp32 by default, or int4: its MatMulNBits at accuracy level 4) and sets the session's intra-op threads; ``python
 tools/genai_worker.py serve GENAI_FOLDER THREADS`` reads one JSON command per
 line on stdin and answers one JSON line on stdout:
 
@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 
-def build(hf_folder: str, out: str) -> None:
+def build(hf_folder: str, out: str, precision: str = "fp32") -> None:
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf_folder, "-o", out,
-                    "-p", "fp32", "-e", "cpu", "-c", str(Path(out).with_name(Path(out).name + ".cache"))],
+                    "-p", precision, "-e", "cpu", "-c", str(Path(out).with_name(Path(out).name + ".cache"))],
                    check=True, stdout=subprocess.DEVNULL)
 
 
@@ -90,8 +90,8 @@ def serve(folder: str, threads: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "build":
-        build(sys.argv[2], sys.argv[3])
+        build(*sys.argv[2:5])
     elif sys.argv[1] == "serve":
         serve(sys.argv[2], int(sys.argv[3]))
     else:
-        raise SystemExit("usage: genai_worker.py build HF_FOLDER OUT | serve GENAI_FOLDER THREADS")
+        raise SystemExit("usage: genai_worker.py build HF_FOLDER OUT [fp32|int4] | serve GENAI_FOLDER THREADS")
