@@ -90,7 +90,7 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
     proto = onnx.load(str(description.model_path))
     total = sum(1 for node in proto.graph.node if node.op_type == "MatMul")
     try:
-        quantized = _matmul_nbits(proto, bits, block_size, accuracy_level)
+        quantized = matmul_nbits(proto, bits, block_size, accuracy_level)
     except Exception as exc:  # the quantizer raises ValueError/AssertionError/onnx errors alike
         raise ModelLoadError(f"quantize {mode}: cannot convert {description.model_path}: "
                              f"{type(exc).__name__}: {exc}") from exc
@@ -106,12 +106,15 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
                                  written, done, total)
 
 
-def _matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int) -> object:
+def matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int,
+                 exclude: list[str] | None = None) -> object:
+    """``proto`` (weights loaded) with every MatMul of a constant 2-D weight as ``MatMulNBits``, but the
+    nodes named in ``exclude``."""
     # Imported here: the quantizer pulls in onnx_ir and numpy-heavy helpers (seconds, not for the daemon).
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
-                                     accuracy_level=accuracy_level)
+                                     accuracy_level=accuracy_level, nodes_to_exclude=exclude or [])
     # The quantizer logs every node it visits at INFO; that is noise in a command's output.
     quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     previous = quiet.level
