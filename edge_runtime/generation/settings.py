@@ -9,8 +9,9 @@
                                   # 0 = max_batch_size * max_seq_len
     max_seq_len = 4096            # cap on the model's context length (sizes the KV buffers)
     prefill_chunk_tokens = 256    # a prompt is prefilled in chunks this long between decode steps
-    idle_prefill_chunk_tokens = 1024  # ... and this long while no stream is decoding (nobody waits
-                                  # between chunks); 0 = always prefill_chunk_tokens
+    idle_prefill_chunk_tokens = 1024  # ... and up to this long while no stream is decoding (nobody
+                                  # waits between chunks; capped so the chunk's logits stay <= 64 MiB);
+                                  # 0 = always prefill_chunk_tokens
     prefix_cache_bytes = 67108864 # KV of prompt prefixes kept across requests (0 = off)
                                   # (the KV buffers and this cap are charged to the server's [memory] budget)
     prefix_block_tokens = 16      # prefix cache granularity
@@ -26,6 +27,12 @@ from typing import Any, Mapping
 
 from edge_runtime.config import from_mapping
 from edge_runtime.errors import ConfigError
+
+
+# An idle chunk's logits output at most (the decoder computes the logits of every chunk position): with
+# the benchmark's 4,096-token vocabulary a 1,024-token chunk gives 16 MiB; with Qwen2's 151,936 one it
+# would give 594 MiB, so such a model keeps ``prefill_chunk_tokens`` chunks.
+IDLE_CHUNK_LOGITS_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -54,12 +61,14 @@ class GenerationSettings:
         if self.tool_parser not in ("", "hermes", "json"):
             raise ConfigError(f"[generation] tool_parser must be 'hermes' or 'json', got {self.tool_parser!r}")
 
-    def chunk_tokens(self, streams_decoding: bool) -> int:
-        """Prefill chunk length: ``prefill_chunk_tokens`` while streams decode between chunks, else the
-        longer of it and ``idle_prefill_chunk_tokens``."""
+    def chunk_tokens(self, streams_decoding: bool, vocab_size: int) -> int:
+        """Prefill chunk length: ``prefill_chunk_tokens`` while streams decode between chunks, else up to
+        ``idle_prefill_chunk_tokens`` — as long as the chunk's logits ([chunk, vocab] float32: the graph
+        gives every position's) stay under ``IDLE_CHUNK_LOGITS_BYTES``; never below ``prefill_chunk_tokens``."""
         if streams_decoding:
             return self.prefill_chunk_tokens
-        return max(self.prefill_chunk_tokens, self.idle_prefill_chunk_tokens)
+        fits = IDLE_CHUNK_LOGITS_BYTES // (4 * max(vocab_size, 1))
+        return max(self.prefill_chunk_tokens, min(self.idle_prefill_chunk_tokens, fits))
 
 
 def generation_settings(extra: Mapping[str, Any], where: str) -> GenerationSettings:

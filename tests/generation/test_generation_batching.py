@@ -179,3 +179,16 @@ def test_an_idle_batcher_prefills_in_longer_chunks_with_the_same_tokens(batching
     n = len(prompt.ids)
     assert chunks == [16] * (n // 16) + ([n % 16] if n % 16 else [])
     assert list(result.token_ids) == oracle_greedy(qwen_folder, prompt.ids, 6, set(model.folder.eos_token_ids))
+
+
+def test_the_idle_chunk_keeps_its_logits_under_the_cap() -> None:
+    """Every chunk position's logits are computed: a large vocabulary shortens the idle chunk (never
+    below ``prefill_chunk_tokens``), and running streams always get ``prefill_chunk_tokens``."""
+    from edge_runtime.generation.settings import IDLE_CHUNK_LOGITS_BYTES, GenerationSettings
+
+    settings = GenerationSettings(prefill_chunk_tokens=256, idle_prefill_chunk_tokens=1024)
+    assert settings.chunk_tokens(False, 4096) == 1024  # 16 MiB of logits
+    assert settings.chunk_tokens(True, 4096) == 256
+    assert settings.chunk_tokens(False, 32000) == IDLE_CHUNK_LOGITS_BYTES // (4 * 32000) == 524
+    assert settings.chunk_tokens(False, 151936) == 256  # Qwen2's vocabulary: 110 would fit, the floor holds
+    assert GenerationSettings(prefill_chunk_tokens=256, idle_prefill_chunk_tokens=0).chunk_tokens(False, 4096) == 256
