@@ -38,7 +38,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
                              "without ONNX Runtime's contrib ops) instead of ONNX Runtime's fused "
                              "MultiHeadAttention / GroupQueryAttention, the fast forms on the CPU (default)")
     parser.add_argument("--quantize", action="store_true",
-                        help="--to onnx: also write onnx/vision_encoder_quantized.onnx (dynamic int8 MatMuls) and "
+                        help="--to onnx: also write onnx/vision_encoder_quantized.onnx and "
+                             "onnx/decoder_model_merged_quantized.onnx (dynamic int8 MatMuls: q8) and "
                              "onnx/decoder_model_merged_{q4,int8}.onnx (weight-only MatMulNBits); pick them per "
                              "model with [vision] precision")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -123,7 +123,7 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bo
     form, flash attention for one image) and the decoder's as its ``GroupQueryAttention`` (faster
     prefill, KV appended in place); False: standard ops only in both, for ``gpu`` plans whose backends
     should take the attention too and for runtimes without ONNX Runtime's contrib ops
-    (``vlm_parts.iter_vlm_parts``). ``quantize``: also the int8 vision encoder and the q4/int8 decoders
+    (``vlm_parts.iter_vlm_parts``). ``quantize``: also the q8 vision encoder and the q8/q4/int8 decoders
     (``vlm_quant``)."""
     from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, check_vlm_config, iter_vlm_parts, save_parts
 

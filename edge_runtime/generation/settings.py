@@ -42,9 +42,9 @@ class GenerationSettings:
     kv_budget_tokens: int = 0
     max_seq_len: int = 4096
     prefill_chunk_tokens: int = 256
-    # Longer chunks run the same matrix products with fewer, larger calls (~10-15% less prefill time
-    # from 256 to 1,024 on the VLM benchmark's decoder); capped because the attention scores of a chunk
-    # grow with chunk x context.
+    # Longer chunks run the same matrix products in fewer, larger calls (1.07x prefill from 256 to 1,024
+    # on the VLM benchmark's decoder, tools/bench_vlm_decoder.py); bounded because a chunk's attention
+    # scores grow with chunk x context.
     idle_prefill_chunk_tokens: int = 1024
     prefix_cache_bytes: int = 64 * 1024 * 1024
     prefix_block_tokens: int = 16
