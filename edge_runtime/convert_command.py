@@ -1,6 +1,6 @@
 """``edge-runtime convert MODEL --to ncnn [--shape NAME=D,..]``: convert ahead of time.
 
-``edge-runtime convert HF_FOLDER --to onnx --out DIR [--precision fp16] [--portable-attention]``
+``edge-runtime convert HF_FOLDER --to onnx --out DIR [--precision fp16] [--portable-attention] [--quantize]``
 instead writes a vision-language checkpoint (transformers folder) as ONNX in the transformers.js
 layout (``edge_runtime.vision_convert``).
 
@@ -37,6 +37,11 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
                              "ops (for plan gpu, whose OpenCL/Vulkan backends then take it, and for runtimes "
                              "without ONNX Runtime's contrib ops) instead of ONNX Runtime's fused "
                              "MultiHeadAttention / GroupQueryAttention, the fast forms on the CPU (default)")
+    parser.add_argument("--quantize", action="store_true",
+                        help="--to onnx: also write onnx/vision_encoder_quantized.onnx and "
+                             "onnx/decoder_model_merged_quantized.onnx (dynamic int8 MatMuls: q8) and "
+                             "onnx/decoder_model_merged_{q4,int8}.onnx (weight-only MatMulNBits); pick them per "
+                             "model with [vision] precision")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -67,7 +72,7 @@ def run_vlm_convert(args: argparse.Namespace) -> int:
         return 2
     try:
         out = convert_vlm_folder(args.model, args.out, fp16=args.precision == "fp16",
-                                 fused=not args.portable_attention)
+                                 fused=not args.portable_attention, quantize=args.quantize)
     except (EdgeRuntimeError, ValueError) as exc:
         print(f"edge-runtime convert: {exc}", file=sys.stderr)
         return 1

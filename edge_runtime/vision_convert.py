@@ -4,7 +4,8 @@ Reads ``config.json`` and the safetensors weights (one file or an index of shard
 float32, float16 or bfloat16), builds the three graphs with ``onnx.helper``
 (``edge_runtime.vlm_parts``: no torch, no transformers) and writes
 ``DIR/onnx/{vision_encoder,embed_tokens,decoder_model_merged}.onnx`` (``_fp16``
-variants with ``--precision fp16``), ``config.json`` (the checkpoint's, plus the fields
+variants with ``--precision fp16``; ``_quantized``, ``_q4`` and ``_int8`` ones with
+``--quantize``: ``vlm_quant``), ``config.json`` (the checkpoint's, plus the fields
 transformers.js reads: flat text sizes for Qwen2-VL, ``transformers.js_config``),
 and copies the tokenizer, processor and chat-template files. A ``chat_template.jinja``
 is also folded into ``tokenizer_config.json``, where transformers.js's tokenizer looks.
@@ -114,14 +115,16 @@ def _fold_chat_template(hf_folder: Path, tokenizer_config: Path) -> None:
     tokenizer_config.write_text(json.dumps(settings, indent=2))
 
 
-def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bool = True) -> Path:
+def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bool = True,
+                       quantize: bool = False) -> Path:
     """Write the transformers.js layout for the checkpoint in ``hf_folder`` into ``out``; returns ``out``.
 
     ``fused``: the vision encoder's attention as ONNX Runtime's ``MultiHeadAttention`` (the CPU's fast
     form, flash attention for one image) and the decoder's as its ``GroupQueryAttention`` (faster
     prefill, KV appended in place); False: standard ops only in both, for ``gpu`` plans whose backends
     should take the attention too and for runtimes without ONNX Runtime's contrib ops
-    (``vlm_parts.iter_vlm_parts``)."""
+    (``vlm_parts.iter_vlm_parts``). ``quantize``: also the q8 vision encoder and the q8/q4/int8 decoders
+    (``vlm_quant``)."""
     from edge_runtime.vlm_parts import SUPPORTED_MODEL_TYPES, check_vlm_config, iter_vlm_parts, save_parts
 
     hf_folder, out = Path(hf_folder), Path(out)
@@ -151,6 +154,14 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bo
         if (hf_folder / name).is_file():
             shutil.copyfile(hf_folder / name, out / name)
     _fold_chat_template(hf_folder, out / "tokenizer_config.json")
+    if quantize:
+        from edge_runtime.vlm_quant import write_quantized_parts
+
+        try:
+            external.update(write_quantized_parts(out))
+        except Exception as exc:  # onnxruntime's quantizers raise ValueError/AssertionError/onnx errors alike
+            raise ModelLoadError(f"{hf_folder}: quantizing the converted parts failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
     (out / "config.json").write_text(json.dumps(output_config(config, external), indent=2))
     log.info("converted %s (%s) to %s", hf_folder, family, out)
     return out

@@ -191,8 +191,10 @@ def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray]
 EXTERNAL_DATA_BYTES = 512 * 2**20
 
 
-def _save(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bool,
-          external: dict[str, int]) -> None:
+def save_part(proto: onnx.ModelProto, onnx_dir: Path, stem: str, always_external: bool,
+              external: dict[str, int]) -> None:
+    """Write ``proto`` as ``onnx_dir/<stem>.onnx`` (its weights in ``<stem>.onnx_data`` when
+    ``always_external`` or large), noting a data file in ``external`` (transformers.js' map)."""
     path, data = onnx_dir / f"{stem}.onnx", onnx_dir / f"{stem}.onnx_data"
     path.unlink(missing_ok=True)
     streamed = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
@@ -226,7 +228,7 @@ def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto] | Iterable[tup
     onnx_dir.mkdir(parents=True, exist_ok=True)
     external = {}
     for name, model in (parts.items() if isinstance(parts, Mapping) else parts):
-        _save(model, onnx_dir, name, name == "decoder_model_merged", external)
+        save_part(model, onnx_dir, name, name == "decoder_model_merged", external)
         if fp16:
             from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -234,7 +236,7 @@ def save_parts(folder: Path, parts: Mapping[str, onnx.ModelProto] | Iterable[tup
             # feeds float32 either way, weights and arithmetic are fp16 inside
             half = convert_float_to_float16(onnx.load(str(onnx_dir / f"{name}.onnx")), keep_io_types=True,
                                             disable_shape_infer=True)
-            _save(half, onnx_dir, name + "_fp16", name == "decoder_model_merged", external)
+            save_part(half, onnx_dir, name + "_fp16", name == "decoder_model_merged", external)
             del half
         del model  # before the generator builds the next part
     return external

@@ -17,11 +17,17 @@ runtime's ``GenerationResult.timings``; transformers': its slow image processor,
 then ``generate`` with a streamer noting each token's time), cached prompt tokens,
 and decode tokens/s.
 
+``--precision decoder=q8,vision_encoder=q8`` adds a third side: edge-runtime on the quantized
+parts ``convert --quantize`` writes (transformers.js suffixes; written into the cached folder
+when missing), reported apart as ``edge_runtime_quantized`` / ``ttft_ratio_quantized`` — the
+transformers side stays fp32, so that ratio is not an fp32 comparison.
+
 Rounds interleave the sides step by step; each figure is the best of its rounds.
 Goals (issue 22): time to first token <= 0.5x transformers' at every step; steps 2-5
 prefill only their new tokens (prefix-cache hits). Prints JSON, writes a PNG.
 
-Usage: ``python tools/bench_vlm.py [--quick] [--threads 2] [--rounds 2] [--out bench-results/vlm]``
+Usage: ``python tools/bench_vlm.py [--quick] [--threads 2] [--rounds 2] [--precision PART=NAME,...]
+[--out bench-results/vlm]``
 """
 
 from __future__ import annotations
@@ -87,6 +93,26 @@ def build_folders(root: Path, quick: bool) -> tuple[Path, Path]:
         shutil.rmtree(onnx_folder, ignore_errors=True)
         convert_vlm_folder(hf, onnx_folder)
     return hf, onnx_folder
+
+
+def add_quantized_parts(folder: Path) -> None:
+    """``convert --quantize``'s parts, written into a cached fp32 folder that lacks them."""
+    from edge_runtime.vlm_quant import write_quantized_parts
+
+    if (folder / "onnx" / "decoder_model_merged_int8.onnx").is_file():
+        return
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["transformers.js_config"]["use_external_data_format"].update(write_quantized_parts(folder))
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+def parse_precision(text: str) -> dict[str, str]:
+    """``decoder=q8,vision_encoder=q8`` -> a ``[vision] precision`` table."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if not pairs or any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"--precision {text!r}: expected PART=NAME[,PART=NAME...], like decoder=q8,vision_encoder=q8")
+    return {part.strip(): name.strip() for part, name in pairs}
 
 
 def screenshot(step: int) -> Any:
@@ -169,6 +195,21 @@ class TokenTimes:
         return None
 
 
+def edge_model(folder: Path, threads: int, max_pixels: int, precision: dict[str, str]) -> Any:
+    """A fresh edge-runtime model: its prefix cache starts empty, as an episode's first step does."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.preprocess import VisionBudget
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    model = GenerativeModel("bench", folder, GenerationSettings(max_seq_len=8192, prefix_cache_bytes=256 << 20),
+                            threads=threads, vision=VisionSettings(precision=precision,
+                                                                   budget=VisionBudget(max_pixels=max_pixels)))
+    model.generate(prompt="warm up", max_tokens=2)
+    model.prompter.warm_up()
+    return model
+
+
 def edge_step(model: Any, turns: list[dict[str, Any]], new_tokens: int) -> dict[str, float]:
     result = model.generate(messages=turns, max_tokens=new_tokens, ignore_eos=True)
     t = result.timings
@@ -193,38 +234,38 @@ def best(rows: list[dict[str, float]]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from edge_runtime.generation.model import GenerativeModel
-    from edge_runtime.generation.settings import GenerationSettings
-    from edge_runtime.generation.vision.preprocess import VisionBudget
-    from edge_runtime.generation.vision.settings import VisionSettings
-
     torch.set_num_threads(args.threads)
     hf, folder = build_folders(Path(args.models), args.quick)
+    quantized = parse_precision(args.precision) if args.precision else None
+    if quantized:
+        add_quantized_parts(folder)
     system, steps = system_prompt(120 if args.quick else 550), 2 if args.quick else 5
-    report: dict[str, Any] = {"threads": args.threads, "new_tokens": args.new_tokens, "budgets": {}}
+    report: dict[str, Any] = {"threads": args.threads, "new_tokens": args.new_tokens,
+                              "quantized_precision": quantized, "budgets": {}}
+    sides = {"edge_runtime": {}, **({"edge_runtime_quantized": quantized} if quantized else {})}
     for label, max_pixels in BUDGETS.items():
         hf_side = Transformers(hf, max_pixels)
-        edge_rounds: list[list[dict[str, float]]] = [[] for _ in range(steps)]
-        hf_rounds: list[list[dict[str, float]]] = [[] for _ in range(steps)]
+        timings: dict[str, list[list[dict[str, float]]]] = {side: [[] for _ in range(steps)]
+                                                             for side in [*sides, "transformers"]}
         for _ in range(args.rounds):
-            # A fresh model per round: the prefix cache starts empty, as an episode's first step does.
-            edge = GenerativeModel("bench", folder, GenerationSettings(max_seq_len=8192, prefix_cache_bytes=256 << 20),
-                                   threads=args.threads,
-                                   vision=VisionSettings(budget=VisionBudget(max_pixels=max_pixels)))
+            models = {side: edge_model(folder, args.threads, max_pixels, precision)
+                      for side, precision in sides.items()}
             try:
-                edge.generate(prompt="warm up", max_tokens=2)
-                edge.prompter.warm_up()
                 for step in range(steps):  # sides interleaved step by step
                     turns = messages(step, system, screenshot(step))
-                    edge_rounds[step].append(edge_step(edge, turns, args.new_tokens))
-                    hf_rounds[step].append(hf_side.step(turns, args.new_tokens))
+                    for side, model in models.items():
+                        timings[side][step].append(edge_step(model, turns, args.new_tokens))
+                    timings["transformers"][step].append(hf_side.step(turns, args.new_tokens))
             finally:
-                edge.close()
+                for model in models.values():
+                    model.close()
         rows = []
         for step in range(steps):
-            e, h = best(edge_rounds[step]), best(hf_rounds[step])
-            rows.append({"step": step + 1, "edge_runtime": e, "transformers": h,
-                         "ttft_ratio": round(e["ttft_ms"] / h["ttft_ms"], 3)})
+            row: dict[str, Any] = {"step": step + 1, **{side: best(timings[side][step]) for side in timings}}
+            for side in sides:
+                key = "ttft_ratio" + side.removeprefix("edge_runtime")
+                row[key] = round(row[side]["ttft_ms"] / row["transformers"]["ttft_ms"], 3)
+            rows.append(row)
         report["budgets"][label] = rows
         del hf_side
     return report
@@ -240,15 +281,21 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(budgets), figsize=(6 * len(budgets), 4.5), squeeze=False)
     parts = [("image_decode_preprocess_ms", "image decode+preprocess"), ("vision_encode_ms", "vision encode"),
              ("prefill_ms", "prefill"), ("first_token_ms", "first token + rest")]
+    quantized = "edge_runtime_quantized" in next(iter(report["budgets"].values()))[0]
+    width, offset = (0.27, 0.27) if quantized else (0.4, 0.2)  # three bars per step, or two
     for ax, label in zip(axes[0], budgets):
         rows = report["budgets"][label]
         x = np.arange(len(rows))
         bottom = np.zeros(len(rows))
         for key, name in parts:
             values = np.array([max(r["edge_runtime"][key], 0.0) for r in rows])
-            ax.bar(x - 0.2, values, 0.4, bottom=bottom, label=f"edge-runtime: {name}")
+            ax.bar(x - offset, values, width, bottom=bottom, label=f"edge-runtime fp32: {name}")
             bottom += values
-        ax.bar(x + 0.2, [r["transformers"]["ttft_ms"] for r in rows], 0.4, color="grey", label="transformers")
+        if quantized:
+            ax.bar(x, [r["edge_runtime_quantized"]["ttft_ms"] for r in rows], width, color="tab:purple",
+                   label=f"edge-runtime quantized ({report['quantized_precision']}): TTFT")
+        ax.bar(x + offset, [r["transformers"]["ttft_ms"] for r in rows], width, color="grey",
+               label="transformers fp32")
         ax.set_xticks(x, [f"step {r['step']}" for r in rows])
         ax.set_ylabel("time to first token (ms)")
         ax.set_title(f"~{label} image tokens per screenshot")
@@ -263,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--precision", default="", metavar="PART=NAME,...",
+                        help="also run edge-runtime on these quantized parts (e.g. decoder=q8,vision_encoder=q8), "
+                             "reported apart from the fp32 side; transformers stays fp32")
     parser.add_argument("--models", default=str(Path.home() / ".cache" / "edge-runtime" / "bench-vlm"))
     parser.add_argument("--out", default="bench-results/vlm")
     args = parser.parse_args(argv)

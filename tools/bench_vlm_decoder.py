@@ -3,15 +3,20 @@
 Same weights: ``bench_vlm``'s random Qwen2-VL checkpoint converted twice (default, and
 ``--portable-attention``: standard ops, KV cache concatenated). Each side is a
 ``GenerativeModel`` (prefix cache off) generating 32 greedy tokens after a ~2,900-token text prompt
-(the engine's 256-token prefill chunks); rounds alternate the sides, each figure is the best of
-its rounds (least prefill ms, most decode tokens/s). Also checks the tokens are equal.
+(nothing else decoding: the idle batcher's 1,024-token prefill chunks); rounds alternate the sides,
+each figure is the best of its rounds (least prefill ms, most decode tokens/s). Also checks the
+tokens are equal. Further sides: ``gqa-chunk256`` (the same graph prefilled in 256-token chunks,
+as before ``idle_prefill_chunk_tokens``) and, with ``--quantized``, the ``convert --quantize``
+decoders ``gqa-q8`` (dynamic int8), ``gqa-q4`` (MatMulNBits; weights differ, so their tokens may
+differ from fp32's and are not compared).
 
-Usage: ``python tools/bench_vlm_decoder.py [--threads 1] [--rounds 3] [--out bench-results/vlm-decoder]``
+Usage: ``python tools/bench_vlm_decoder.py [--threads 1] [--rounds 3] [--quantized] [--out bench-results/vlm-decoder]``
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -34,9 +39,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     portable = Path(args.models) / "onnx-qwen2vl-full-portable-decoder"
     if not (portable / "onnx" / "decoder_model_merged.onnx").is_file():
         convert_vlm_folder(hf, portable, fused=False)
-    folders = {"portable": portable, "gqa": fused}
-    models = {k: GenerativeModel(k, f, GenerationSettings(max_seq_len=4096, prefix_cache_bytes=0), threads=args.threads)
-              for k, f in folders.items()}
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    settings = GenerationSettings(max_seq_len=4096, prefix_cache_bytes=0)
+    sides = {"portable": (portable, settings, {}), "gqa": (fused, settings, {}),
+             "gqa-chunk256": (fused, dataclasses.replace(settings, idle_prefill_chunk_tokens=0), {})}
+    if args.quantized:
+        bench_vlm.add_quantized_parts(fused)
+        sides.update({f"gqa-{p}": (fused, settings, {"decoder": p}) for p in ("q8", "q4")})
+    models = {k: GenerativeModel(k, f, s, threads=args.threads, vision=VisionSettings(precision=precision))
+              for k, (f, s, precision) in sides.items()}
     turns = [{"role": "system", "content": bench_vlm.system_prompt(550) + bench_vlm.system_prompt(500)},
              {"role": "user", "content": bench_vlm.STEP_TEXT[0]}]
     best: dict[str, dict[str, float]] = {}
@@ -59,7 +71,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "best": {k: {a: round(b, 2) for a, b in v.items()} for k, v in best.items()},
             "prefill_speedup": round(best["portable"]["prefill_ms"] / best["gqa"]["prefill_ms"], 3),
             "decode_speedup": round(best["gqa"]["decode_tokens_per_s"] / best["portable"]["decode_tokens_per_s"], 3),
-            "same_tokens": tokens["gqa"] == tokens["portable"]}
+            "idle_chunk_prefill_speedup": round(best["gqa-chunk256"]["prefill_ms"] / best["gqa"]["prefill_ms"], 3),
+            "same_tokens": tokens["gqa"] == tokens["portable"] == tokens["gqa-chunk256"]}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -69,9 +82,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(report["best"])
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.5))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in zip(axes, ("prefill_ms", "decode_tokens_per_s"), ("prefill (ms)", "decode (tokens/s)")):
-        ax.bar(names, [report["best"][n][key] for n in names], color=["grey", "tab:blue"])
+        ax.bar(names, [report["best"][n][key] for n in names], color=["grey", *["tab:blue"] * (len(names) - 1)])
+        ax.tick_params(axis="x", labelrotation=30)
         ax.set_ylabel(label)
     fig.suptitle(f"VLM decoder, {report['threads']} thread(s), best of {report['rounds']}")
     fig.tight_layout()
@@ -82,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quantized", action="store_true", help="also the q8 and q4 decoders of convert --quantize")
     parser.add_argument("--models", default=str(Path.home() / ".cache" / "edge-runtime" / "bench-vlm"))
     parser.add_argument("--out", default="bench-results/vlm-decoder")
     args = parser.parse_args(argv)

@@ -175,7 +175,8 @@ class ContinuousBatcher:
         with self._wake:
             if self._queue or self._prefilling or self._running:
                 raise RuntimeError("warm-up needs an idle batcher (call it before serving requests)")
-            engine, chunk = self.engine, self.settings.prefill_chunk_tokens
+            engine = self.engine
+            chunk = self.settings.chunk_tokens(False, engine.folder.vocab_size)
             started = time.perf_counter()
             past = None
             for start in range(0, len(tokens), chunk):
@@ -278,7 +279,9 @@ class ContinuousBatcher:
             sequence.prefill_started_s = started
             matched, past = self.prefix_cache.lookup(sequence.key)
             sequence.position, sequence.past, sequence.cached_tokens = matched, past, matched
-        end = min(len(sequence.prompt), sequence.position + self.settings.prefill_chunk_tokens)
+        # Only running streams wait between chunks (a queued request waits for this prefill either way).
+        chunk = self.settings.chunk_tokens(bool(self._running), self.engine.folder.vocab_size)
+        end = min(len(sequence.prompt), sequence.position + chunk)
         logits, present = self.engine.prefill(sequence.prompt[sequence.position:end], sequence.past,
                                               sequence.inputs)
         self._rate("prefill", (end - sequence.position) / max(time.perf_counter() - started, 1e-9))

@@ -45,6 +45,9 @@ DEFAULT_ACCURACY_LEVEL = "auto"  # measured per machine: see the module docstrin
 # fp16, bf16 compute) ran no faster than 0 on an x86 VNNI CPU (31M model, int4: 10.8-11.3 ms a step
 # against 11.4 at 0 and 6.6 at 4; int8: 82-87 against 106 and 4.5), so only 0 and 4 are timed.
 AUTO_LEVELS = (0, 4)
+# A folder written on one machine to run on others (``convert --quantize``) cannot time the target's
+# kernels: it takes level 4 (int8 compute), the level ``auto`` chose on every CPU timed here.
+CONVERTER_ACCURACY_LEVEL = 4
 AUTO_STEPS = 24  # timed decode steps per level (after a warm-up step each)
 QUANTIZATION_FILE = "quantization.json"  # written into the folder: what was chosen, and how
 # ONNX's protobuf limit: a model this large must keep its weights in an external-data file.
@@ -114,7 +117,7 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
     total = sum(1 for node in proto.graph.node if node.op_type == "MatMul")
     level = AUTO_LEVELS[-1] if accuracy_level == "auto" else int(accuracy_level)
     try:
-        quantized = _matmul_nbits(proto, bits, block_size, level)
+        quantized = matmul_nbits(proto, bits, block_size, level)
     except Exception as exc:  # the quantizer raises ValueError/AssertionError/onnx errors alike
         raise ModelLoadError(f"quantize {mode}: cannot convert {description.model_path}: "
                              f"{type(exc).__name__}: {exc}") from exc
@@ -192,12 +195,15 @@ def time_levels(folder: Path, levels: tuple[int, ...], *, threads: int = 1,
     return {level: float(sorted(values)[len(values) // 2]) for level, values in times.items()}
 
 
-def _matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int) -> object:
+def matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int,
+                 exclude: list[str] | None = None) -> object:
+    """``proto`` (weights loaded) with every MatMul of a constant 2-D weight as ``MatMulNBits``, but the
+    nodes named in ``exclude``."""
     # Imported here: the quantizer pulls in onnx_ir and numpy-heavy helpers (seconds, not for the daemon).
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
-                                     accuracy_level=accuracy_level)
+                                     accuracy_level=accuracy_level, nodes_to_exclude=exclude or [])
     # The quantizer logs every node it visits at INFO; that is noise in a command's output.
     quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     previous = quiet.level

@@ -160,4 +160,35 @@ def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_fol
     # between two prefill chunks of the long prompt, the running stream got its decode step
     for a, b in zip(window, window[1:]):
         assert not (a[0] == "prefill" and b[0] == "prefill"), window
-    assert max(n for kind, n in calls if kind == "prefill") <= 8
+    assert max(n for kind, n in calls[first:] if kind == "prefill") <= 8
+
+
+def test_an_idle_batcher_prefills_in_longer_chunks_with_the_same_tokens(batching_folder: Path, qwen_folder: Path,
+                                                                       model_factory) -> None:
+    """With no stream decoding nobody waits between chunks: ``idle_prefill_chunk_tokens`` applies, and
+    the tokens equal the no-cache oracle's (and so those of short chunks)."""
+    model = model_factory(batching_folder, prefill_chunk_tokens=8, idle_prefill_chunk_tokens=16,
+                          prefix_cache_bytes=0)
+    chunks: list[int] = []
+    prefill = model.engine.prefill
+    model.engine.prefill = lambda tokens, past, inputs=None: (chunks.append(len(tokens)),
+                                                              prefill(tokens, past, inputs))[1]
+    prompt = model.prepare(" ".join(PROMPTS[1:4]))
+    assert len(prompt.ids) > 32  # at least two idle chunks
+    result = model.generate(prompt.ids, max_tokens=6)
+    n = len(prompt.ids)
+    assert chunks == [16] * (n // 16) + ([n % 16] if n % 16 else [])
+    assert list(result.token_ids) == oracle_greedy(qwen_folder, prompt.ids, 6, set(model.folder.eos_token_ids))
+
+
+def test_the_idle_chunk_keeps_its_logits_under_the_cap() -> None:
+    """Every chunk position's logits are computed: a large vocabulary shortens the idle chunk (never
+    below ``prefill_chunk_tokens``), and running streams always get ``prefill_chunk_tokens``."""
+    from edge_runtime.generation.settings import IDLE_CHUNK_LOGITS_BYTES, GenerationSettings
+
+    settings = GenerationSettings(prefill_chunk_tokens=256, idle_prefill_chunk_tokens=1024)
+    assert settings.chunk_tokens(False, 4096) == 1024  # 16 MiB of logits
+    assert settings.chunk_tokens(True, 4096) == 256
+    assert settings.chunk_tokens(False, 32000) == IDLE_CHUNK_LOGITS_BYTES // (4 * 32000) == 524
+    assert settings.chunk_tokens(False, 151936) == 256  # Qwen2's vocabulary: 110 would fit, the floor holds
+    assert GenerationSettings(prefill_chunk_tokens=256, idle_prefill_chunk_tokens=0).chunk_tokens(False, 4096) == 256

@@ -74,7 +74,8 @@ def _processed(model, images: list) -> list:
 
 
 def test_greedy_tokens_equal_the_no_cache_oracle(vlm_factory) -> None:
-    model = vlm_factory(prefill_chunk_tokens=8, prefix_cache_bytes=0)  # chunks cut through the image tokens
+    # chunks cut through the image tokens (idle too: no longer chunks while nothing decodes)
+    model = vlm_factory(prefill_chunk_tokens=8, idle_prefill_chunk_tokens=0, prefix_cache_bytes=0)
     oracle = Oracle(model)
     one, two = _image(1), _image(2, 56, 140)
     cases = [({"messages": _messages(one)}, [one]),

@@ -107,3 +107,30 @@ def test_fp16_parts_run_in_transformers_js_like_in_onnxruntime(tmp_path_factory,
     js = node_greedy(folder, tmp_path / "screen.png", prompt, 12, dtype="fp16")
     assert js["prompt_ids"] == inputs["input_ids"][0].tolist()
     assert js["tokens"] == onnx_greedy("qwen2_vl", folder, load_model(hf), inputs, 12, suffix="_fp16")
+
+
+def test_quantized_parts_run_in_transformers_js_like_in_our_engine(tmp_path_factory, tmp_path: Path) -> None:
+    """``--quantize`` parts under transformers.js' names: transformers.js with a per-part dtype (q8 vision
+    encoder, q4 decoder) loads them and decodes the tokens our engine decodes from the same files."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    hf = checkpoint(VLMSpec(family="qwen2_vl"), vlm_root(tmp_path_factory))
+    folder = convert_vlm_folder(hf, tmp_path / "qwen2_vl", quantize=True)
+    image, prompt = sample_image(84, 56, seed=5), "tap the settings button"
+    image.save(tmp_path / "screen.png")
+    js = node_greedy(folder, tmp_path / "screen.png", prompt, 12, dtype=json.dumps(
+        {"embed_tokens": "fp32", "vision_encoder": "q8", "decoder_model_merged": "q4"}))
+    model = GenerativeModel("q", folder, GenerationSettings(max_seq_len=512), threads=1,
+                            vision=VisionSettings(precision={"decoder": "q4", "vision_encoder": "q8"}))
+    try:
+        ours = model.generate(messages=[{"role": "user", "content": [{"type": "image", "image": image},
+                                                                     {"type": "text", "text": prompt}]}],
+                              max_tokens=12)
+        assert js["prompt_ids"] == list(model.prepare(messages=[{"role": "user", "content": [
+            {"type": "image", "image": image}, {"type": "text", "text": prompt}]}]).ids)
+    finally:
+        model.close()
+    assert js["tokens"] == list(ours.token_ids)

@@ -1,6 +1,6 @@
 // Greedy tokens from transformers.js on a local VLM folder (transformers.js layout), as JSON on stdout.
 //
-//   node vlm_greedy.mjs FOLDER IMAGE PROMPT MAX_NEW_TOKENS
+//   node vlm_greedy.mjs FOLDER IMAGE PROMPT MAX_NEW_TOKENS [DTYPE]
 //
 // Loads the folder exactly as a transformers.js user would (AutoProcessor and
 // AutoModelForImageTextToText, fp32, CPU), local files only, renders one user turn
@@ -23,7 +23,9 @@ env.localModelPath = path.dirname(path.resolve(folder)) + path.sep;
 const id = path.basename(path.resolve(folder));
 
 const processor = await AutoProcessor.from_pretrained(id);
-const model = await AutoModelForImageTextToText.from_pretrained(id, { dtype, device: 'cpu' });
+// DTYPE: one name for every part, or a JSON object per part ({"decoder_model_merged": "q4", ...})
+const parts = dtype.startsWith('{') ? JSON.parse(dtype) : dtype;
+const model = await AutoModelForImageTextToText.from_pretrained(id, { dtype: parts, device: 'cpu' });
 const messages = [{ role: 'user', content: [{ type: 'image' }, { type: 'text', text: prompt }] }];
 const text = processor.apply_chat_template(messages, { add_generation_prompt: true });
 const image = await RawImage.read(imagePath);

@@ -1,0 +1,93 @@
+"""Quantized parts of a converted VLM folder, named as transformers.js names them.
+
+``convert --to onnx --quantize`` writes, beside the fp32 parts:
+
+* ``onnx/vision_encoder_quantized.onnx`` and ``onnx/decoder_model_merged_quantized.onnx``
+  (transformers.js' ``q8``): ONNX Runtime's dynamic int8 quantization of the MatMuls (weights
+  int8 per output channel, activations quantized per call; attention, norms and rotary stay
+  fp32). The prefill-heavy form: on the benchmark's CPU its int8 matrix products (VNNI) ran
+  2.9x the fp32 ones at 256+ rows;
+* ``onnx/decoder_model_merged_q4.onnx`` and ``_int8.onnx``: weight-only ``MatMulNBits`` (4 and
+  8 bits, ``optimize.decoder_quant``'s settings: blocks of 32, int8 compute), the decode-heavy
+  form (a quarter / half of the weight bytes to stream per token; at 256+ rows it ran no faster
+  than fp32 there). External data in ``<file>_data`` like the fp32 decoder.
+
+``embed_tokens`` stays fp32 (a Gather: nothing to gain in compute). MatMuls that turn
+integer positions into rotary angles (``rope_freq`` [2, d], ``mrope_freq`` [3, d]) stay fp32:
+a per-call int8 scale would round the positions. The ``[vision] precision`` table picks the
+parts per model, e.g. ``{decoder = "q8", vision_encoder = "q8"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# precision (``vision.settings.SUFFIXES`` key) -> the decoder's MatMulNBits bits
+DECODER_BITS = {"q4": 4, "int8": 8}
+# No real linear layer has this few inputs; the position-to-angle products do (2 or 3 rows).
+_MIN_LINEAR_INPUTS = 16
+
+
+def write_quantized_parts(folder: Path) -> dict[str, int]:
+    """Write the quantized parts of the converted ``folder`` (see the module docstring); returns the
+    ``use_external_data_format`` entries of the files written with external data."""
+    onnx_dir = Path(folder) / "onnx"
+    external: dict[str, int] = {}
+    quantize_dynamic_int8(onnx_dir / "vision_encoder.onnx", onnx_dir / "vision_encoder_quantized.onnx")
+    quantize_dynamic_int8(onnx_dir / "decoder_model_merged.onnx",
+                          onnx_dir / "decoder_model_merged_quantized.onnx")
+    for precision, bits in DECODER_BITS.items():
+        external.update(quantize_decoder_nbits(onnx_dir, f"decoder_model_merged_{precision}", bits))
+    return external
+
+
+def angle_matmuls(proto: Any) -> list[str]:
+    """Names of the MatMul nodes whose constant weight has fewer than ``_MIN_LINEAR_INPUTS`` rows."""
+    rows = {t.name: t.dims[0] for t in proto.graph.initializer if len(t.dims) == 2}
+    return [n.name for n in proto.graph.node
+            if n.op_type == "MatMul" and rows.get(n.input[1], _MIN_LINEAR_INPUTS) < _MIN_LINEAR_INPUTS]
+
+
+def quantize_dynamic_int8(source: Path, out: Path) -> None:
+    """``onnxruntime.quantization.quantize_dynamic`` over the MatMuls, weights int8 per channel (one
+    scale per output column: a few large columns would cost the rest precision under one scale)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    proto = onnx.load(str(source), load_external_data=False)
+    exclude = angle_matmuls(proto)
+    del proto
+    quiet = logging.getLogger()  # the quantizer advises "pre-processing" through the root logger
+    previous = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        # NOTE: int8 weights are a quarter of fp32: the output stays inline (under protobuf's 2 GiB) for
+        # any part under 8 GiB of fp32 weights. DefaultTensorType: shape inference cannot type the
+        # outputs of contrib ops (GroupQueryAttention), which feed the following MatMuls.
+        quantize_dynamic(source, out, op_types_to_quantize=["MatMul"], per_channel=True,
+                         weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        quiet.setLevel(previous)
+    log.info("%s -> %s (dynamic int8 MatMuls; kept fp32: %s)", source.name, out.name, exclude)
+
+
+def quantize_decoder_nbits(onnx_dir: Path, stem: str, bits: int) -> dict[str, int]:
+    """``decoder_model_merged.onnx`` with ``bits``-bit MatMulNBits as ``onnx_dir/<stem>.onnx`` (+ ``_data``)."""
+    import onnx
+
+    from edge_runtime.optimize.decoder_quant import CONVERTER_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, matmul_nbits
+    from edge_runtime.vlm_parts import save_part
+
+    proto = onnx.load(str(onnx_dir / "decoder_model_merged.onnx"))  # weights in memory: the quantizer reads them
+    quantized = matmul_nbits(proto, bits, DEFAULT_BLOCK_SIZE, CONVERTER_ACCURACY_LEVEL, exclude=angle_matmuls(proto))
+    del proto
+    external: dict[str, int] = {}
+    save_part(quantized, onnx_dir, stem, True, external)
+    log.info("decoder: %s (%d-bit MatMulNBits, %d of them)", stem, bits,
+             sum(n.op_type == "MatMulNBits" for n in quantized.graph.node))
+    return external

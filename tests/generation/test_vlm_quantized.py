@@ -1,0 +1,87 @@
+"""``convert --to onnx --quantize``: the quantized parts load through ``[vision] precision`` and stay close to fp32.
+
+Random weights make the bound honest but loose: int8 and int4 weights move every logit a
+little, so the test asks what quantization must keep on any model (vision features with
+cosine >= 0.99 to fp32 per image token, and the first greedy tokens equal to the fp32
+folder's), not bit equality. The fp32 folder itself is checked against transformers in
+``test_vlm_convert``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from vlm_checkpoints import VLMSpec, checkpoint, model_inputs, sample_image, session, vision_feeds, vlm_root
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+QUANTIZED = ("vision_encoder_quantized", "decoder_model_merged_quantized", "decoder_model_merged_q4",
+             "decoder_model_merged_int8")
+
+
+@pytest.fixture(scope="module")
+def quantized_folder(tmp_path_factory) -> Path:
+    from edge_runtime.cli import main
+
+    hf = checkpoint(VLMSpec(family="qwen2_vl"), vlm_root(tmp_path_factory))
+    out = tmp_path_factory.mktemp("quantized") / "qwen2_vl"
+    assert main(["convert", str(hf), "--to", "onnx", "--out", str(out), "--quantize"]) == 0
+    return out
+
+
+def _ops(folder: Path, part: str) -> collections.Counter:
+    proto = onnx.load(str(folder / "onnx" / f"{part}.onnx"), load_external_data=False)
+    return collections.Counter(n.op_type for n in proto.graph.node)
+
+
+def test_quantized_parts_are_written_with_their_kernels(quantized_folder: Path) -> None:
+    assert all((quantized_folder / "onnx" / f"{part}.onnx").is_file() for part in QUANTIZED)
+    for part, kernel in (("vision_encoder_quantized", "MatMulInteger"), ("decoder_model_merged_quantized",
+                         "MatMulInteger"), ("decoder_model_merged_q4", "MatMulNBits"),
+                         ("decoder_model_merged_int8", "MatMulNBits")):
+        ops = _ops(quantized_folder, part)
+        # one MatMul stays fp32: positions -> rotary angles (a per-call int8 scale would round positions)
+        assert ops[kernel] > 0 and ops["MatMul"] == 1, (part, ops)
+    external = json.loads((quantized_folder / "config.json").read_text())["transformers.js_config"][
+        "use_external_data_format"]
+    assert {"decoder_model_merged_q4.onnx", "decoder_model_merged_int8.onnx"} <= set(external)
+    assert all((quantized_folder / "onnx" / f"{name}_data").is_file() for name in external)
+
+
+def test_int8_vision_features_stay_close_to_fp32(quantized_folder: Path) -> None:
+    inputs = model_inputs("qwen2_vl", quantized_folder, sample_image(84, 56, seed=3), "tap")
+    feeds = vision_feeds("qwen2_vl", inputs)
+    full, quantized = (session(quantized_folder, part).run(None, feeds)[0]
+                       for part in ("vision_encoder", "vision_encoder_quantized"))
+    assert not np.array_equal(full, quantized)  # really another graph
+    cosine = (full * quantized).sum(-1) / (np.linalg.norm(full, axis=-1) * np.linalg.norm(quantized, axis=-1))
+    assert cosine.min() >= 0.99, cosine
+
+
+@pytest.mark.parametrize("decoder", ["q8", "q4", "int8"])
+def test_quantized_decoders_load_by_precision_and_keep_the_first_greedy_tokens(quantized_folder: Path,
+                                                                               decoder: str) -> None:
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    messages = [{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
+                                             {"type": "text", "text": "tap the settings button"}]}]
+    tokens = {}
+    for name, precision in (("fp32", {}), ("quantized", {"decoder": decoder, "vision_encoder": "q8"})):
+        model = GenerativeModel(name, quantized_folder, GenerationSettings(max_seq_len=512), threads=1,
+                                vision=VisionSettings(precision=precision))
+        try:
+            if precision:
+                assert model.vlm.precisions["decoder"] == decoder
+            tokens[name] = list(model.generate(messages=messages, max_tokens=4, ignore_eos=True).token_ids)
+        finally:
+            model.close()
+    assert tokens["quantized"][:2] == tokens["fp32"][:2], tokens
