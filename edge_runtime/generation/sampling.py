@@ -99,8 +99,9 @@ class Sampler:
     def choose(self, logits: np.ndarray) -> TokenChoice:
         p = self.params
         if p.greedy and not p.logprobs and not (p.presence_penalty or p.frequency_penalty):
-            # The common agent case, every token: argmax over the logits as they come (float32),
+            # Greedy without penalties, every token: argmax over the logits as they come (float32),
             # without the float64 copy the arithmetic below needs. Same token: widening is exact.
+            # (Agents that send frequency_penalty take the path below.)
             token = int(np.argmax(logits))
             self.counts[token] = self.counts.get(token, 0) + 1
             return TokenChoice(token)
