@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ for path in (ROOT, ROOT / "tools"):
     if str(path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(path))
 
+from bench_report import publish  # noqa: E402
 from bench_server_sides import HEADER_LENGTH, closed_loop, ocr_model, ort_loop, request_body  # noqa: E402
 from cloud_peer import ServerProcess, free_port  # noqa: E402
 
@@ -135,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 1 and --seconds > 0")
     with tempfile.TemporaryDirectory(prefix="edge-runtime-c1-floor-") as tmp:
         result = run(args, Path(tmp))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_c1_floor.json").write_text(json.dumps(result, indent=2))
-    plot(result, args.out / "bench_c1_floor.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, "bench_c1_floor", plot)
     return 0
 
 

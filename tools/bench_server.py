@@ -65,6 +65,7 @@ for path in (ROOT, ROOT / "tools"):
     if str(path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(path))
 
+from bench_report import publish  # noqa: E402
 from bench_server_sides import (  # noqa: E402  (needs the path above)
     RssSampler,
     closed_loop,
@@ -393,9 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         result = run(args, Path(tmp))
-    (args.out / "bench_server.json").write_text(json.dumps(result, indent=2))
-    plot(result, args.out / "bench_server.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, "bench_server", plot)
     return 0
 
 

@@ -25,7 +25,6 @@ rounds of the per-run median, in ms per row; ``bench_spin.png`` plots the median
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "tools") not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_report import publish  # noqa: E402
 from bench_server_sides import ocr_model  # noqa: E402  (needs the path above)
 
 SHAPE = (1, 3, 48, 192)
@@ -137,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1 or args.gap_us < 0 or args.batch < 1 or args.rounds < 1 or args.seconds <= 0:
         parser.error("--threads, --batch, --rounds must be >= 1, --gap-us >= 0, --seconds > 0")
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_spin.json").write_text(json.dumps(result, indent=2))
-    plot(result, args.out / "bench_spin.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, "bench_spin", plot)
     return 0
 
 
