@@ -120,9 +120,7 @@ class _FusedDecoder(_Decoder):
                        helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape)]
             outputs += [helper.make_tensor_value_info(f"present.{n}.key", TensorProto.FLOAT, out_shape),
                         helper.make_tensor_value_info(f"present.{n}.value", TensorProto.FLOAT, out_shape)]
-        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
-        g.op("MatMul", [h, self.const("lm_head", np.ascontiguousarray(head.T))])
-        g.nodes[-1].output[0] = "logits"
+        keep = self.lm_head(h)
         first = (helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
                                                ["batch_size", "sequence_length", s.hidden]) if self.embeds else
                  helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
@@ -131,8 +129,8 @@ class _FusedDecoder(_Decoder):
             first,
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
             helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions)]
-        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
-        graph = helper.make_graph(g.nodes, "qwen2_style_fused_decoder", graph_inputs + inputs, [logits] + outputs,
+        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logits_length", s.vocab])
+        graph = helper.make_graph(g.nodes, "qwen2_style_fused_decoder", graph_inputs + inputs + [keep], [logits] + outputs,
                                   g.initializers)
         # NOTE: onnx.checker passes it but cannot check the com.microsoft nodes (it has no schemas for
         # them); ONNX Runtime validates those when it loads the graph (the tests load every variant).

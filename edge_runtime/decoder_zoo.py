@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from edge_runtime.generation.folder import LOGITS_TO_KEEP
 from edge_runtime.model_zoo import _GraphBuilder
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,24 @@ class _Decoder:
 
     def const(self, name: str, value: np.ndarray) -> str:
         return self.g.const(name, value)
+
+    def lm_head(self, x: str) -> onnx.ValueInfoProto:
+        """``logits`` from the final hidden states ``x``, of the last ``logits_to_keep`` positions only (0, its
+        default: every position, transformers' convention); returns that input's value info.
+
+        NOTE: a prefill needs the last position's logits only, but the head over every position costs
+        ``vocab x hidden`` per token (a sixth of a 2B model's prefill at Qwen2's 151,936-token vocabulary)
+        and a [chunk, vocab] float32 output. ``logits_to_keep`` is an input backed by an initializer, so
+        a runtime that does not know it (transformers.js) never has to feed it and gets every position."""
+        g = self.g
+        g.initializers.append(numpy_helper.from_array(np.array(0, np.int64), LOGITS_TO_KEEP))
+        start = g.op("Neg", [g.op("Unsqueeze", [LOGITS_TO_KEEP, self.const("axes", np.array([0], np.int64))])])
+        kept = g.op("Slice", [x, start, self.const("end", np.array([np.iinfo(np.int64).max], np.int64)),
+                              self.const("axes", np.array([1], np.int64))])
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
+        g.op("MatMul", [kept, self.const("lm_head", np.ascontiguousarray(head.T))])
+        g.nodes[-1].output[0] = "logits"
+        return helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [])
 
     def linear(self, x: str, name: str) -> str:
         """``x @ W.T (+ b)``; the bias is optional (Qwen2 has q/k/v biases, Llama none)."""
@@ -208,10 +227,7 @@ class _Decoder:
                        helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape)]
             outputs += [helper.make_tensor_value_info(present_k, TensorProto.FLOAT, out_shape),
                         helper.make_tensor_value_info(present_v, TensorProto.FLOAT, out_shape)]
-        x = self.rms_norm(x, "model.norm.weight")
-        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
-        g.op("MatMul", [x, self.const("lm_head", np.ascontiguousarray(head.T))])
-        g.nodes[-1].output[0] = "logits"
+        keep = self.lm_head(self.rms_norm(x, "model.norm.weight"))
         first = (helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
                                                ["batch_size", "sequence_length", s.hidden]) if self.embeds else
                  helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
@@ -219,8 +235,8 @@ class _Decoder:
         graph_inputs = [first, helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                                              ["batch_size", "past_sequence_length + sequence_length"]),
                         helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions)]
-        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.vocab])
-        return g.model("qwen2_style_decoder", graph_inputs + inputs, [logits] + outputs)
+        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logits_length", s.vocab])
+        return g.model("qwen2_style_decoder", graph_inputs + inputs + [keep], [logits] + outputs)
 
 
 def build_decoder(shape: DecoderShape, weights: dict[str, np.ndarray], *, inputs_embeds: bool = False,

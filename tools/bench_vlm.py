@@ -66,8 +66,9 @@ def build_folders(root: Path, quick: bool) -> tuple[Path, Path]:
     from edge_runtime.vlm_files import qwen_preprocessor_config, write_vlm_text_files
 
     tag = "quick" if quick else "full"
-    # "-fused-gqa": a folder cached by an earlier version (portable attention, unfused decoder) is not reused
-    hf, onnx_folder = root / f"hf-qwen2vl-{tag}", root / f"onnx-qwen2vl-{tag}-fused-gqa"
+    # "-fused-gqa-ltk": a folder cached by an earlier converter (portable attention, unfused decoder, no
+    # logits_to_keep) is not reused
+    hf, onnx_folder = root / f"hf-qwen2vl-{tag}", root / f"onnx-qwen2vl-{tag}-fused-gqa-ltk"
     if not (hf / "done").is_file():
         shutil.rmtree(hf, ignore_errors=True)
         hf.mkdir(parents=True)

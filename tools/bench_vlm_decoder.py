@@ -6,7 +6,8 @@ Same weights: ``bench_vlm``'s random Qwen2-VL checkpoint converted twice (defaul
 (nothing else decoding: the idle batcher's 1,024-token prefill chunks); rounds alternate the sides,
 each figure is the best of its rounds (least prefill ms, most decode tokens/s). Also checks the
 tokens are equal. Further sides: ``gqa-chunk256`` (the same graph prefilled in 256-token chunks,
-as before ``idle_prefill_chunk_tokens``) and, with ``--quantized``, the ``convert --quantize``
+as before ``idle_prefill_chunk_tokens``), ``gqa-all-logits`` (the same graph with the engine not feeding
+``logits_to_keep``: the LM head over every prefill position, as before it existed) and, with ``--quantized``, the ``convert --quantize``
 decoders ``gqa-q8`` (dynamic int8), ``gqa-q4`` (MatMulNBits; weights differ, so their tokens may
 differ from fp32's and are not compared).
 
@@ -43,12 +44,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = GenerationSettings(max_seq_len=4096, prefix_cache_bytes=0)
     sides = {"portable": (portable, settings, {}), "gqa": (fused, settings, {}),
-             "gqa-chunk256": (fused, dataclasses.replace(settings, idle_prefill_chunk_tokens=0), {})}
+             "gqa-chunk256": (fused, dataclasses.replace(settings, idle_prefill_chunk_tokens=0), {}),
+             "gqa-all-logits": (fused, settings, {})}
     if args.quantized:
         bench_vlm.add_quantized_parts(fused)
         sides.update({f"gqa-{p}": (fused, settings, {"decoder": p}) for p in ("q8", "q4")})
     models = {k: GenerativeModel(k, f, s, threads=args.threads, vision=VisionSettings(precision=precision))
               for k, (f, s, precision) in sides.items()}
+    engine = models["gqa-all-logits"].engine
+    engine.folder = dataclasses.replace(engine.folder, keeps_logits=False)
     turns = [{"role": "system", "content": bench_vlm.system_prompt(550) + bench_vlm.system_prompt(500)},
              {"role": "user", "content": bench_vlm.STEP_TEXT[0]}]
     best: dict[str, dict[str, float]] = {}
@@ -72,7 +76,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prefill_speedup": round(best["portable"]["prefill_ms"] / best["gqa"]["prefill_ms"], 3),
             "decode_speedup": round(best["gqa"]["decode_tokens_per_s"] / best["portable"]["decode_tokens_per_s"], 3),
             "idle_chunk_prefill_speedup": round(best["gqa-chunk256"]["prefill_ms"] / best["gqa"]["prefill_ms"], 3),
-            "same_tokens": tokens["gqa"] == tokens["portable"] == tokens["gqa-chunk256"]}
+            "last_logits_prefill_speedup": round(best["gqa-all-logits"]["prefill_ms"] / best["gqa"]["prefill_ms"], 3),
+            "same_tokens": tokens["gqa"] == tokens["portable"] == tokens["gqa-chunk256"] == tokens["gqa-all-logits"]}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -176,7 +176,7 @@ class ContinuousBatcher:
             if self._queue or self._prefilling or self._running:
                 raise RuntimeError("warm-up needs an idle batcher (call it before serving requests)")
             engine = self.engine
-            chunk = self.settings.chunk_tokens(False, engine.folder.vocab_size)
+            chunk = self.settings.chunk_tokens(False, engine.folder.prefill_logits_vocab)
             started = time.perf_counter()
             past = None
             for start in range(0, len(tokens), chunk):
@@ -280,7 +280,7 @@ class ContinuousBatcher:
             matched, past = self.prefix_cache.lookup(sequence.key)
             sequence.position, sequence.past, sequence.cached_tokens = matched, past, matched
         # Only running streams wait between chunks (a queued request waits for this prefill either way).
-        chunk = self.settings.chunk_tokens(bool(self._running), self.engine.folder.vocab_size)
+        chunk = self.settings.chunk_tokens(bool(self._running), self.engine.folder.prefill_logits_vocab)
         end = min(len(sequence.prompt), sequence.position + chunk)
         logits, present = self.engine.prefill(sequence.prompt[sequence.position:end], sequence.past,
                                               sequence.inputs)

@@ -18,9 +18,11 @@ import numpy as np
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.generation import kv_cache, kv_inplace
-from edge_runtime.generation.folder import DecoderFolder
+from edge_runtime.generation.folder import LOGITS_TO_KEEP, DecoderFolder
 
 log = logging.getLogger(__name__)
+
+_LAST_ONLY = np.array(1, np.int64)  # ``logits_to_keep``: a prefill chunk needs its last position's logits only
 
 
 def kv_names(layers: int) -> tuple[list[str], list[str]]:
@@ -58,6 +60,9 @@ class DecoderEngine:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Errors only: ORT warns at every load that an input backed by an initializer (``logits_to_keep``,
+        # meant to be overridden) blocks constant folding; it feeds only the LM head's Slice.
+        options.log_severity_level = 3
         # NOTE: ORT's default spinning stays on purpose. Stopping the pool between steps (the scheduler's
         # ``load`` policy, force_spinning_stop) was tried with tools/bench_token_loop.py on 2 cores, two runs
         # each, alternated with runs of the spinning engine:
@@ -95,6 +100,8 @@ class DecoderEngine:
         n = len(tokens)
         feeds = self._chunk_inputs(tokens, start, prompt)
         feeds["attention_mask"] = np.ones((1, start + n), np.int64)
+        if self.folder.keeps_logits:
+            feeds[LOGITS_TO_KEEP] = _LAST_ONLY
         feeds.update(zip(self.past_names, past))
         outputs = self.session.run(["logits", *self.present_names], feeds)
         self.runs += 1

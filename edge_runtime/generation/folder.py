@@ -21,6 +21,10 @@ from edge_runtime.errors import ModelLoadError, ModelNotFoundError
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
+# The decoder input (an overridable initializer, default 0 = every position) naming how many trailing
+# positions get logits, transformers' ``logits_to_keep`` (``decoder_zoo`` writes it); the engine feeds 1
+# to a prefill chunk.
+LOGITS_TO_KEEP = "logits_to_keep"
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _ONNX_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -71,6 +75,15 @@ class DecoderFolder:
     model_type: str
     weight_files: tuple[Path, ...] = ()  # model.onnx and its external-data files (the memory budget's weights)
     kv_in_place: bool = False  # the graph attends with GroupQueryAttention: one KV buffer, appended in place
+    # The graph takes ``logits_to_keep`` (decoder_zoo.lm_head): a prefill chunk gets its last position's
+    # logits only; without it the graph gives every position's.
+    keeps_logits: bool = False
+
+    @property
+    def prefill_logits_vocab(self) -> int:
+        """The vocabulary-wide logits a prefill chunk outputs per position: ``vocab_size``, or 0 when the graph
+        gives the last position's only (``keeps_logits``)."""
+        return 0 if self.keeps_logits else self.vocab_size
 
     @property
     def weight_bytes(self) -> int:
@@ -157,7 +170,8 @@ def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], gen
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
     return DecoderFolder(folder, model_path, KVLayout(len(past), int(dims[1]), int(dims[3]), np.dtype(elem).type),
                          int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")),
-                         weight_files(model_path, proto), appends_in_place(proto))
+                         weight_files(model_path, proto), appends_in_place(proto),
+                         LOGITS_TO_KEEP in inputs and any(t.name == LOGITS_TO_KEEP for t in proto.graph.initializer))
 
 
 def appends_in_place(proto: Any) -> bool:

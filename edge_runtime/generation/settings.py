@@ -29,7 +29,8 @@ from edge_runtime.config import from_mapping
 from edge_runtime.errors import ConfigError
 
 
-# An idle chunk's logits output at most (the decoder computes the logits of every chunk position): with
+# An idle chunk's logits output at most, for a decoder that computes the logits of every chunk position
+# (one without ``logits_to_keep``: an optimum export, a folder converted before it existed): with
 # the benchmark's 4,096-token vocabulary a 1,024-token chunk gives 16 MiB; with Qwen2's 151,936 one it
 # would give 594 MiB, so such a model keeps ``prefill_chunk_tokens`` chunks.
 IDLE_CHUNK_LOGITS_BYTES = 64 * 2**20
@@ -63,8 +64,9 @@ class GenerationSettings:
 
     def chunk_tokens(self, streams_decoding: bool, vocab_size: int) -> int:
         """Prefill chunk length: ``prefill_chunk_tokens`` while streams decode between chunks, else up to
-        ``idle_prefill_chunk_tokens`` — as long as the chunk's logits ([chunk, vocab] float32: the graph
-        gives every position's) stay under ``IDLE_CHUNK_LOGITS_BYTES``; never below ``prefill_chunk_tokens``."""
+        ``idle_prefill_chunk_tokens`` — as long as the chunk's logits ([chunk, vocab_size] float32, where the
+        graph gives every position's; ``vocab_size`` 0: it gives the last only) stay under
+        ``IDLE_CHUNK_LOGITS_BYTES``; never below ``prefill_chunk_tokens``."""
         if streams_decoding:
             return self.prefill_chunk_tokens
         fits = IDLE_CHUNK_LOGITS_BYTES // (4 * max(vocab_size, 1))

@@ -88,3 +88,53 @@ def test_fp16_kv_cache_matches_its_own_no_cache_oracle(fused: bool, tmp_path: Pa
     prompt = fp16.prepare("the agent taps the button").ids
     result = fp16.generate(prompt, max_tokens=12)
     assert list(result.token_ids) == oracle_greedy(folder, prompt, 12, set(fp16.folder.eos_token_ids))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_prefill_asks_for_the_last_positions_logits_only(fused: bool, tmp_path: Path) -> None:
+    """Our graphs take ``logits_to_keep`` (the LM head over the last k positions; 0, the default a runtime
+    that does not know it gets, keeps all); the engine's prefill asks for one position, with the logits the
+    full head gives there, and idle prefill chunks are then no longer capped by logits memory."""
+    import onnxruntime as ort
+
+    from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+    from edge_runtime.generation.engine import DecoderEngine
+    from edge_runtime.generation.folder import LOGITS_TO_KEEP, read_folder
+    from edge_runtime.generation.settings import GenerationSettings
+
+    shape = DecoderShape(vocab=600, max_positions=128)
+    description = read_folder(write_decoder_folder(tmp_path / "d", shape, seed=3, fused=fused))
+    assert description.keeps_logits and description.prefill_logits_vocab == 0
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(description.model_path), options, providers=["CPUExecutionProvider"])
+    assert LOGITS_TO_KEEP not in [i.name for i in session.get_inputs()]  # nobody has to feed it
+    assert LOGITS_TO_KEEP in [i.name for i in session.get_overridable_initializers()]
+    tokens = list(range(5, 25))
+    empty = np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
+    feeds = {"input_ids": np.asarray([tokens], np.int64), "attention_mask": np.ones((1, len(tokens)), np.int64),
+             "position_ids": np.arange(len(tokens), dtype=np.int64)[None],
+             **{i.name: empty for i in session.get_inputs() if i.name.startswith("past_key_values.")}}
+    full = session.run(["logits"], feeds)[0]
+    assert full.shape == (1, len(tokens), shape.vocab)
+    for keep in (1, 3):
+        kept = session.run(["logits"], {**feeds, LOGITS_TO_KEEP: np.array(keep, np.int64)})[0]
+        np.testing.assert_allclose(kept, full[:, -keep:], atol=1e-5, rtol=1e-5)
+
+    engine = DecoderEngine(description, threads=1, max_batch=1, max_len=64)
+    asked: list[dict] = []
+    session = engine.session
+
+    class Spy:  # what the engine feeds its session (prefill calls run only)
+        def run(self, names, feeds):  # noqa: ANN001, ANN201
+            asked.append(dict(feeds))
+            return session.run(names, feeds)
+
+    engine.session = Spy()
+    last, _ = engine.prefill(tokens, None)
+    assert int(asked[-1][LOGITS_TO_KEEP]) == 1
+    np.testing.assert_allclose(last, full[0, -1], atol=1e-5, rtol=1e-5)
+
+    settings = GenerationSettings()
+    assert settings.chunk_tokens(False, description.prefill_logits_vocab) == settings.idle_prefill_chunk_tokens
+    assert settings.chunk_tokens(False, 151_936) == settings.prefill_chunk_tokens  # a graph giving every position
