@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from edge_runtime.vision_convert import convert_vlm_folder
 
     hf, fused = bench_vlm.build_folders(Path(args.models), quick=False)
-    portable = Path(args.models) / "onnx-qwen2vl-full-portable-decoder"
+    portable = Path(args.models) / "onnx-qwen2vl-full-portable-decoder-ltk"  # -ltk: with logits_to_keep
     if not (portable / "onnx" / "decoder_model_merged.onnx").is_file():
         convert_vlm_folder(hf, portable, fused=False)
     from edge_runtime.generation.vision.settings import VisionSettings
