@@ -22,7 +22,6 @@ Usage: ``python tools/bench_structured.py [--quick] [--threads 2] [--out bench-r
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ for _path in (ROOT, ROOT / "tools"):
     if str(_path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(_path))
 
+from bench_report import publish  # noqa: E402
 from hf_decoders import DecoderSpec, optimum_folder  # noqa: E402
 
 BODY = dict(arch="qwen2", hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1408, seed=0)
@@ -141,10 +141,7 @@ def main() -> int:
                                        **mask_costs(model, spec.vocab, new)}
         finally:
             model.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "structured.json").write_text(json.dumps(summary, indent=2))
-    _plot(summary, args.out / "structured.png")
-    print(json.dumps(summary, indent=2))
+    publish(summary, args.out, "structured", _plot)
     return 0
 
 

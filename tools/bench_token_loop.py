@@ -46,6 +46,7 @@ for _path in (ROOT, ROOT / "tools"):
         sys.path.insert(0, str(_path))
 
 from bench_generate import SPEC  # noqa: E402
+from bench_report import publish  # noqa: E402
 from cloud_peer import ServerProcess  # noqa: E402
 from hf_decoders import hf_folder  # noqa: E402
 
@@ -227,10 +228,7 @@ def main() -> int:
                "rounds": results, "best_decode_tokens_per_s": best,
                "http_vs_in_process": round(best["http"] / best["in_process"], 3),
                "in_process_breakdown": parts, "sse_event_encode_us": sse_encode_us()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_token_loop.json").write_text(json.dumps(summary, indent=2))
-    _plot(summary, args.out / "bench_token_loop.png")
-    print(json.dumps(summary, indent=2))
+    publish(summary, args.out, "bench_token_loop", _plot)
     return 0
 
 

@@ -60,9 +60,10 @@ class DecoderEngine:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Errors only: ORT warns at every load that an input backed by an initializer (``logits_to_keep``,
-        # meant to be overridden) blocks constant folding; it feeds only the LM head's Slice.
-        options.log_severity_level = 3
+        if folder.keeps_logits:
+            # Errors only: ORT warns at every load that an input backed by an initializer (``logits_to_keep``,
+            # meant to be overridden) blocks constant folding; it feeds only the LM head's Slice.
+            options.log_severity_level = 3
         # NOTE: ORT's default spinning stays on purpose. Stopping the pool between steps (the scheduler's
         # ``load`` policy, force_spinning_stop) was tried with tools/bench_token_loop.py on 2 cores, two runs
         # each, alternated with runs of the spinning engine:

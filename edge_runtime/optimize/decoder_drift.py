@@ -101,7 +101,8 @@ def _session(folder: Path, threads: int) -> tuple[Any, Any]:
     description = read_folder(folder)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    options.log_severity_level = 3  # errors only: ORT warns of every overridable input (logits_to_keep)
+    if description.keeps_logits:
+        options.log_severity_level = 3  # errors only: ORT warns of every overridable input (logits_to_keep)
     session = ort.InferenceSession(str(description.model_path), options, providers=["CPUExecutionProvider"])
     return description, session
 
