@@ -5,7 +5,10 @@ PP-OCR classifier ``[1, 3, 48, 192]``, sides interleaved in every round, best p5
 
 * ``ort``: plain in-process ``InferenceSession.run`` (ORT's default session), the baseline;
 * ``daemon``: ``edge-runtime serve`` on the default configuration with ``[batching]
-  max_batch_size = 16`` (as ``bench_server`` serves it);
+  max_batch_size = 16`` (as ``bench_server`` serves it): an idle model's short run goes on the
+  event loop (``scheduler/inline.py``);
+* ``daemon_threaded``: the same with ``[scheduler] inline_max_ms = 0``: every run in a device
+  worker's thread;
 * ``floor_canned``: a bare aiohttp server (``tools/c1_floor_server.py``) that answers the
   daemon's own response bytes without running anything: client + HTTP + loopback;
 * ``floor_<spin>``: the same bare server running the model once per request in the default
@@ -43,6 +46,7 @@ from cloud_peer import ServerProcess, free_port  # noqa: E402
 
 SHAPE = (1, 3, 48, 192)
 CONFIG = "[batching]\nmax_batch_size = 16\nmax_queue_delay_us = 1000\n"
+THREADED = "[scheduler]\ninline_max_ms = 0\n"
 FLOORS = ("canned", "ort", "load", "never")
 
 
@@ -70,16 +74,18 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
     model = ocr_model("cls")
-    folder = tmp / "repository" / "cls"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.onnx").write_bytes(model.read_bytes())
-    (folder / "config.toml").write_text(CONFIG)
+    for repository, config in (("repository", CONFIG), ("repository-threaded", THREADED + CONFIG)):
+        folder = tmp / repository / "cls"
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "model.onnx").write_bytes(model.read_bytes())
+        (folder / "config.toml").write_text(config)
     x = np.random.default_rng(0).random(SHAPE, dtype=np.float32)
     body = request_body("x", x)
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     servers: dict[str, ServerProcess] = {}
     try:
-        servers["daemon"] = ServerProcess.start(tmp / "repository", tmp / "daemon.log", timeout_s=120,
+        for name, repository in (("daemon", "repository"), ("daemon_threaded", "repository-threaded")):
+            servers[name] = ServerProcess.start(tmp / repository, tmp / f"{name}.log", timeout_s=120,
                                                 env={"EDGE_RUNTIME_CACHE": str(tmp / "cache"),
                                                      "EDGE_RUNTIME_THREADS": "0"})
         raw, header_length = asyncio.run(_one_response(servers["daemon"].url, body))
@@ -116,7 +122,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     names = list(result["p50_ms"])
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    axis.bar(names, [result["p50_ms"][n] for n in names], color=["C2", "C0", "C7", "C1", "C1", "C3"][:len(names)])
+    axis.bar(names, [result["p50_ms"][n] for n in names], color=["C2", "C0", "C0", "C7", "C1", "C1", "C3"][:len(names)])
     axis.set_ylabel("p50 ms, one request at a time (best round)")
     axis.set_title("c=1 on the PP-OCR classifier: daemon vs bare aiohttp floors vs in-process ORT")
     axis.tick_params(axis="x", labelrotation=20)

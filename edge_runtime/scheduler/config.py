@@ -9,6 +9,7 @@ explore_fraction = 0.05    # cost policy: share of decisions that re-try another
 seed = 0                   # cost policy: exploration RNG seed (decisions are reproducible)
 spin = "load"              # CPU pool threads spin while a run is in flight | "never" | "always" (spin.py)
 spin_wait_us = 1000        # "load": longest one wait of a pool thread spins inside a run; 0 = ORT's own
+inline_max_ms = 2.0        # an idle model's runs this short go on the event loop itself; 0 = never (inline.py)
 [batching]
 max_batch_size = 16        # rows per run; 0 or 1 = off
 max_queue_delay_us = 2000  # how long the first request of a batch may wait for company
@@ -31,6 +32,7 @@ from typing import Any, Mapping
 
 from edge_runtime.config import from_mapping, load_toml
 from edge_runtime.errors import ConfigError
+from edge_runtime.scheduler.inline import INLINE_MAX_MS, MAX_INLINE_MAX_MS
 
 POLICIES = ("threshold", "cost", "fixed")
 SPIN_MODES = ("load", "never", "always")  # scheduler.spin: when CPU pool threads may busy-wait
@@ -48,6 +50,7 @@ class SchedulerConfig:
     seed: int = 0  # cost policy: exploration RNG seed, so decisions are reproducible
     spin: str = "load"  # when the model's CPU pool threads may busy-wait (scheduler.spin)
     spin_wait_us: int = SPIN_WAIT_US  # "load": bound on one spinning wait in a run; 0 = ORT's own (spin.py)
+    inline_max_ms: float = INLINE_MAX_MS  # an idle model's runs this short go on the loop; 0 = never (inline.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -57,6 +60,9 @@ class SchedulerConfig:
         if type(self.spin_wait_us) is not int or not 0 <= self.spin_wait_us <= MAX_SPIN_WAIT_US:
             raise ConfigError(f"[scheduler] spin_wait_us must be an integer in 0..{MAX_SPIN_WAIT_US} "
                               f"(microseconds), got {self.spin_wait_us!r}")
+        if not 0.0 <= self.inline_max_ms <= MAX_INLINE_MAX_MS:
+            raise ConfigError(f"[scheduler] inline_max_ms must be in 0..{MAX_INLINE_MAX_MS:g} (milliseconds), "
+                              f"got {self.inline_max_ms!r}")
         if not 0.0 <= self.gpu_busy_threshold <= 1.0:
             raise ConfigError(f"[scheduler] gpu_busy_threshold must be in [0, 1], got {self.gpu_busy_threshold}")
         if not 0.0 <= self.explore_fraction <= 1.0:

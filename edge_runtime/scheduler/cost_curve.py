@@ -56,6 +56,10 @@ class CostCurve:
     def per_row_ms(self) -> dict[int, float]:
         return {rows: round(ms, 4) for rows, ms in sorted(self._per_row.items())}
 
+    def per_row_ms_at(self, rows: int) -> float | None:
+        """The EWMA ms per row of runs of ``rows`` rows (None: none seen or seeded)."""
+        return self._per_row.get(rows)
+
     def _known(self) -> dict[int, float]:
         return {rows: ms for rows, ms in self._per_row.items() if self._runs.get(rows, 0) >= MIN_RUNS}
 

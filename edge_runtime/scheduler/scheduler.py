@@ -37,6 +37,7 @@ from edge_runtime.load_monitor import LoadMonitor, LoadReading
 from edge_runtime.scheduler.batch_probe import BatchingDecision, decide_batching
 from edge_runtime.scheduler.batching import BatchSizer, batch_key, request_rows
 from edge_runtime.scheduler.execution import BatchRun, run_batch
+from edge_runtime.scheduler.inline import InlineGate
 from edge_runtime.scheduler.config import ModelConfig
 from edge_runtime.scheduler.plans import Plan, plan_device, plan_kind
 from edge_runtime.scheduler.policy import Decision, DecisionContext, Policy, make_policy
@@ -108,6 +109,7 @@ class ModelScheduler:
         # Guards the queue, counters, policy and sizer: the loop and the device workers' threads share them.
         self._lock = threading.RLock()
         self._shape_jobs = ShapeJobs(name, self.inputs)  # load work waiting for the first request's shapes
+        self._inline = InlineGate(config.scheduler.inline_max_ms)  # an idle model's short runs on the loop
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -183,6 +185,7 @@ class ModelScheduler:
                               batch_key=batch_key(arrays))
         with self._lock:
             self._queue.push(entry)  # QueueFullError when full
+            self._inline.arrived(entry.enqueued_at)
         if self._loop is None:
             await self.start()
         self._pump()
@@ -218,12 +221,19 @@ class ModelScheduler:
         return decision if self.recheck is None else self.recheck.override(decision)
 
     def _pump(self) -> None:
-        """On the loop: dispatch every batch that can go now; arrange to be called again when more can."""
+        """On the loop: dispatch every batch that can go now; arrange to be called again when more can.
+        A lone short request on an idle model runs here, on the loop (``inline.py``)."""
+        inline = self._dispatch()
+        if inline is not None:
+            self._run_inline(*inline)
+
+    def _dispatch(self) -> tuple[Decision, list[QueuedRequest], DeviceWorker] | None:
+        """``_pump``'s work under the lock; returns the batch to run on the loop, if one should be."""
         with self._lock:
             while True:
                 head = self._queue.head()
                 if head is None:
-                    return
+                    return None
                 decision = self._decide(head)
                 device = self._devices[decision.plan]
                 worker = self._workers.worker(device)
@@ -231,16 +241,41 @@ class ModelScheduler:
                     if device not in self._waiting_for:
                         self._waiting_for.add(device)
                         worker.when_free(lambda: self._slot_freed(device), owner=self)
-                    return
+                    return None
                 batch = self._collect(head, decision.plan)
                 if batch is None:
-                    return  # a batch timer is set
+                    return None  # a batch timer is set
                 # Only loops take slots; worker threads only give them back, so it is still free.
                 acquired = worker.try_acquire()
                 assert acquired, "a slot was checked free just above, with no await in between"
                 self.last_decision = decision
                 self.in_flight += len(batch)
+                if self._inline_now(batch, worker):
+                    return decision, batch, worker
                 worker.submit(self._drive, decision, batch, worker)
+
+    def _inline_now(self, batch: list[QueuedRequest], worker: DeviceWorker) -> bool:
+        """Under the lock, a slot just taken for ``batch``: whether it runs on the loop (``inline.py``)."""
+        if worker.device != "cpu" or len(batch) != 1 or (batch[0].rows or 1) != 1:
+            return False
+        idle = (self.in_flight == 1 and not len(self._queue) and worker.in_use == 1 and not worker.waiting)
+        return self._inline.allows(self._sizer.curve.per_row_ms_at(1), idle=idle, loop=self._loop)
+
+    def _run_inline(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
+        """On the loop: run ``batch`` here, give the slot back and answer it (what ``_drive`` does in a
+        worker thread, without the two hand-offs)."""
+        reading = self._reading()
+        rows = [entry.rows or 1 for entry in batch]
+        try:
+            outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows)
+        except Exception as exc:  # answered to the caller like a worker's failure
+            outcome = exc
+        with self._lock:
+            self.counters["inline"] += 1
+        worker.release()  # wakes other schedulers waiting for the device
+        self._finish(decision, batch, rows, reading, outcome)
+        if len(self._queue):
+            self._pump()
 
     def _slot_freed(self, device: str) -> None:
         with self._lock:
@@ -399,7 +434,7 @@ class ModelScheduler:
         ``plan:<name>`` requests per chosen plan, ``batch_size:<rows>`` runs per
         batch size, ``explored`` exploring decisions, ``fallbacks`` and
         ``fallback:<plan>`` requests re-run on cpu, ``rejected_queue_full``,
-        ``deadline_exceeded``, ``failures``, ``success``. Also ``pending``,
+        ``deadline_exceeded``, ``failures``, ``success``, ``inline`` (runs on the event loop, ``inline.py``). Also ``pending``,
         ``in_flight``, ``policy``, ``batching``, ``batch_limit`` (the AIMD limit),
         ``estimates_ms`` (cost policy: learned unloaded ms per row per plan), ``spinning``
         (whether the spin policy lets the model's CPU pool threads spin now, ``spin.py``),

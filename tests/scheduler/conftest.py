@@ -1,4 +1,4 @@
-"""Fixtures for scheduler tests: zoo models, real executables, a load monitor on an empty tree."""
+"""Fixtures for scheduler tests: zoo models, real executables, a runtime, a load monitor on an empty tree."""
 
 from __future__ import annotations
 
@@ -36,3 +36,27 @@ def monitor(tmp_path: Path):
     from edge_runtime.load_monitor import LoadMonitor
 
     return LoadMonitor(root=tmp_path, gpu_source={})
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory):
+    """A ``Runtime`` with two intra-op threads and no OpenCL probe, its cache in a temp dir."""
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+
+    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), intra_op_threads=2, probe_opencl=False))
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory):
+    """A small MobileNet-style CNN (32x32 input) saved to a file: (path, proto)."""
+    import onnx
+
+    from edge_runtime.model_zoo import build_mobilenet
+
+    proto = build_mobilenet(image_size=32)
+    path = tmp_path_factory.mktemp("models") / "cnn.onnx"
+    onnx.save(proto, str(path))
+    return path, proto

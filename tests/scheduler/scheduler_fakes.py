@@ -54,6 +54,7 @@ class InstrumentedPlan:
         self.delay_s = delay_s
         self.fail = fail
         self.calls: list[dict[str, np.ndarray]] = []
+        self.threads: list[int] = []  # the thread of each run (the loop's for an inlined one)
         self.gate = threading.Event()
         self.gate.set()
         self.barrier: threading.Barrier | None = None
@@ -72,6 +73,7 @@ class InstrumentedPlan:
             if self.delay_s:
                 time.sleep(self.delay_s)
             self.calls.append({k: v.copy() for k, v in feeds.items()})
+            self.threads.append(threading.get_ident())
             if self.fail:
                 raise BackendError(f"{self.name}: device lost (simulated driver failure)")
             return self.executable.run(feeds)

@@ -19,16 +19,6 @@ from scheduler_fakes import InstrumentedPlan, compile_on, ort_oracle
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory):
-    from edge_runtime.config import RuntimeConfig
-    from edge_runtime.runtime import Runtime
-
-    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), intra_op_threads=2, probe_opencl=False))
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
 def mlp_path(tmp_path_factory: pytest.TempPathFactory, mlp_proto) -> Path:
     path = tmp_path_factory.mktemp("models") / "mlp.onnx"
     onnx.save(mlp_proto, str(path))

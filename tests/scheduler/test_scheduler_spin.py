@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 from edge_runtime.errors import ConfigError
@@ -29,26 +28,6 @@ from scheduler_fakes import ort_oracle
 
 IDLE_S = 2.0
 IDLE_CPU_BOUND_S = 0.1  # 5 % of one core over the idle window; a spinning pool takes a whole core
-
-
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory):
-    from edge_runtime.config import RuntimeConfig
-    from edge_runtime.runtime import Runtime
-
-    rt = Runtime(RuntimeConfig(cache_dir=tmp_path_factory.mktemp("cache"), intra_op_threads=2, probe_opencl=False))
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, onnx.ModelProto]:
-    from edge_runtime.model_zoo import build_mobilenet
-
-    proto = build_mobilenet(image_size=32)
-    path = tmp_path_factory.mktemp("models") / "cnn.onnx"
-    onnx.save(proto, str(path))
-    return path, proto
 
 
 def _entry(sched, key: str) -> str:
