@@ -26,8 +26,9 @@ best of the rounds kept (this machine's speed drifts within a minute):
 Configurations of the ``cls`` daemon (one daemon each, all measured in every round):
 ``batched`` (the default: batching on, ``[scheduler] spin = "load"``), ``unbatched``
 (``max_batch_size = 0``), ``batched_nospin`` (``spin = "never"``, what served sessions
-did before the spin policy) and ``batched_wait100`` (``spin_wait_us = 100``, the bound on one
-spinning wait before the 1 ms default; its c=1 p50 is measured too). Per configuration: rows/s at c=16, its ratio to in-process
+did before the spin policy) and ``batched_threaded`` (``inline_max_ms = 0``: an idle model's
+lone request goes to a worker thread too, as before ``scheduler/inline.py``; its c=1 p50 is
+measured too). Per configuration: rows/s at c=16, its ratio to in-process
 ORT one request at a time, the batching gain (batched over unbatched), and the daemon's
 CPU share (CPU seconds per wall second from ``/proc/<pid>/stat``, 1.0 = one core) over a
 few idle seconds after warm-up and during its c=16 side. In-process ORT is also timed
@@ -85,7 +86,7 @@ DET_CONFIG = ''
 CLS_VARIANTS = {
     "unbatched": '[batching]\nmax_batch_size = 0\n[queue]\nmax_queue_size = 256\n',
     "batched_nospin": '[scheduler]\nspin = "never"\n' + CLS_CONFIG,
-    "batched_wait100": '[scheduler]\nspin_wait_us = 100\n' + CLS_CONFIG,  # the spin bound before 1 ms
+    "batched_threaded": '[scheduler]\ninline_max_ms = 0\n' + CLS_CONFIG,  # no run on the event loop
 }
 IDLE_CPU_S = 3.0
 
@@ -209,9 +210,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     ("ort_batch8", lambda: rows_per_s(ort_loop(sessions["cls"], {"x": batches[8]},
                                                                args.duration_s), 8)),
                     ("c16_edge_batched_nospin", c16("batched_nospin")),
-                    ("c16_edge_batched_wait100", c16("batched_wait100")),
-                    ("c1_cls_edge_wait100", lambda: asyncio.run(closed_loop(
-                        variants["batched_wait100"].url, "cls", cls_body, 1, args.duration_s))),
+                    ("c16_edge_batched_threaded", c16("batched_threaded")),
+                    ("c1_cls_edge_threaded", lambda: asyncio.run(closed_loop(
+                        variants["batched_threaded"].url, "cls", cls_body, 1, args.duration_s))),
                     ("c1_det_shm", lambda: shm_loop(edge_det.url, "det", det_x, args.det_duration_s)),
                     ("c1_det_binary", lambda: asyncio.run(closed_loop(edge_det.url, "det", det_body, 1,
                                                                       args.det_duration_s))),
@@ -283,7 +284,7 @@ def configurations(result: dict[str, Any], rounds: list[dict[str, Any]],
                      key=lambda entry: entry["rows_per_s"])
     kserve = result.get("c16_kserve", {}).get("rps")
     sides = {"batched": "c16_edge", "unbatched": "c16_edge_unbatched", "batched_nospin": "c16_edge_batched_nospin",
-             "batched_wait100": "c16_edge_batched_wait100"}
+             "batched_threaded": "c16_edge_batched_threaded"}
     table: dict[str, Any] = {"ort_one_at_a_time_rows_per_s": one_at_a_time,
                              "ort_best_batch_rows_per_s": best_batch["rows_per_s"]}
     unbatched = best(rounds, "c16_edge_unbatched", "rps", lower=False)["rps"]
@@ -335,7 +336,7 @@ def summarise(rounds: list[dict[str, Any]], idle: dict, peak: dict, cls_body: An
     for key in ("c16_edge", "c16_edge_unbatched", "c16_kserve", "c16_ort", "c16_ort_nospin"):
         if any(key in r for r in rounds):
             result[key] = best(rounds, key, "rps", lower=False)
-    for key in ("c1_cls_edge", "c1_cls_edge_wait100", "c1_cls_ort", "c1_cls_ort_nospin", "c1_det_shm",
+    for key in ("c1_cls_edge", "c1_cls_edge_threaded", "c1_cls_ort", "c1_cls_ort_nospin", "c1_det_shm",
                 "c1_det_binary", "c1_det_ort", "c1_det_ort_nospin"):
         result[key] = best(rounds, key, "p50_ms", lower=True)
     # The in-process baseline: the better of ORT's default (spinning) and non-spinning sessions.
@@ -360,7 +361,7 @@ def summarise(rounds: list[dict[str, Any]], idle: dict, peak: dict, cls_body: An
         "c16_vs_kserve": round(result["c16_edge"]["rps"] / kserve_rps, 2) if kserve_rps else None,
         "c16_vs_ort_one_at_a_time": round(result["c16_edge"]["rps"] / result["c16_ort_best"]["rps"], 2),
         "c1_cls_overhead_ms": round(result["c1_cls_edge"]["p50_ms"] - result["c1_cls_ort_best"]["p50_ms"], 3),
-        "c1_cls_overhead_ms_wait100": round(result["c1_cls_edge_wait100"]["p50_ms"]
+        "c1_cls_overhead_ms_threaded": round(result["c1_cls_edge_threaded"]["p50_ms"]
                                             - result["c1_cls_ort_best"]["p50_ms"], 3),
         "c1_det_shm_overhead_ms": round(result["c1_det_shm"]["p50_ms"] - result["c1_det_ort_best"]["p50_ms"], 3),
         "c1_det_binary_overhead_ms": round(result["c1_det_binary"]["p50_ms"] - result["c1_det_ort_best"]["p50_ms"],

@@ -23,8 +23,11 @@ The loop is blocked for that run, so only when all of these hold:
   run and run on the loop in turn, never batching). asyncio's ready queue is private
   (``BaseEventLoop._ready``, a deque since Python 3.4); a loop without it (uvloop) never
   inlines;
-* requests arrive more slowly than a run takes: the gap since the previous arrival is at least
-  that one-row cost (a steady stream at that rate keeps a worker busy better than the loop).
+* requests do not stream in: the gap since the previous arrival is at least half that one-row
+  cost. One client at a time leaves a whole request's latency (a run plus the transport) between
+  two arrivals; many clients at once leave a fraction of a run, and a worker that parses nothing
+  serves such a stream better than the loop, which must also read the next requests. (Half, not
+  all of it: the cost is an average, and a run on the loop must not miss its own next request.)
 
 Only the ``cpu`` device is inlined (a GPU run's wait is the device's, and a cloud call's the
 network's: neither belongs on the loop).
@@ -57,7 +60,7 @@ class InlineGate:
         (None: not measured yet); ``idle``: the model and its device have nothing else to do."""
         if self.max_ms <= 0 or not idle or one_row_ms is None or self._previous_arrival is None:
             return False
-        if one_row_ms > self.max_ms or self._gap_ms < one_row_ms:
+        if one_row_ms > self.max_ms or self._gap_ms < 0.5 * one_row_ms:
             return False
         ready = getattr(loop, "_ready", None)
         return ready is not None and len(ready) == 0
