@@ -87,6 +87,20 @@ def test_cancel_stops_the_sequence_at_the_next_token(batching_folder: Path, mode
     assert model.batcher.pending == 0
 
 
+def test_generate_past_its_timeout_cancels_and_the_model_answers_the_next_request(batching_folder: Path,
+                                                                                  model_factory) -> None:
+    model = model_factory(batching_folder)
+    with pytest.raises(TimeoutError, match=r"generation took longer than 1e-06 s"):
+        model.generate(PROMPTS[1], max_tokens=200, ignore_eos=True, timeout_s=1e-6)
+    for _ in range(300):  # the cancelled sequence leaves at its next step
+        if model.batcher.pending == 0:
+            break
+        threading.Event().wait(0.05)
+    alone = model.generate(PROMPTS[2], max_tokens=6, ignore_eos=True)
+    again = model.generate(PROMPTS[2], max_tokens=6, ignore_eos=True, timeout_s=60)
+    assert again.token_ids == alone.token_ids and len(alone.token_ids) == 6
+
+
 def test_queue_beyond_its_bound_is_refused(qwen_folder: Path, model_factory) -> None:
     from edge_runtime.errors import QueueFullError
     from edge_runtime.generation.model import sampling_params
