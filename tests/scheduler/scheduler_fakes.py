@@ -41,6 +41,14 @@ def ort_oracle(proto: Any) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.
     return lambda feeds: dict(zip(names, session.run(names, dict(feeds))))
 
 
+def assert_like_ort(proto: Any, feeds: list[Mapping[str, np.ndarray]], results: list[Any], output: str,
+                    rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Each result's ``output`` equals plain ONNX Runtime's on its own feeds (``ort_oracle``)."""
+    oracle = ort_oracle(proto)
+    for feed, result in zip(feeds, results, strict=True):
+        np.testing.assert_allclose(result.outputs[output], oracle(feed)[output], rtol=rtol, atol=atol)
+
+
 class InstrumentedPlan:
     """A plan over a real executable that records its feeds; optionally gated, slowed or failing."""
 

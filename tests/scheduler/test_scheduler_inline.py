@@ -16,7 +16,7 @@ import pytest
 from edge_runtime.errors import BackendError, ConfigError
 from edge_runtime.scheduler import ModelScheduler, model_config
 from edge_runtime.scheduler.factory import scheduler_for, serving_options
-from scheduler_fakes import InstrumentedPlan, ort_oracle
+from scheduler_fakes import InstrumentedPlan, assert_like_ort, ort_oracle
 
 THINK_S = 0.05  # a client's pause between two requests: arrivals far slower than a run of the mlp
 LENIENT = {"inline_max_ms": 50.0}  # a stalled test machine's first run must not keep the mlp off the loop
@@ -112,10 +112,7 @@ async def test_default_configuration_runs_a_served_cnn_s_lone_requests_on_the_lo
             one_row_ms = sched.stats()["cost_ms_per_row"].get(1)
     finally:
         model.close()
-    oracle = ort_oracle(proto)
-    for feed, result in zip(feeds, results):
-        np.testing.assert_allclose(result.outputs["probabilities"], oracle(feed)["probabilities"],
-                                   rtol=1e-4, atol=1e-5)
+    assert_like_ort(proto, feeds, results, "probabilities")
     if one_row_ms is not None and one_row_ms <= 2.0:  # this machine runs the CNN under the default bound
         assert sched.stats().get("inline", 0) >= 1, sched.stats()
     else:  # a machine too slow for the bound keeps it off the loop

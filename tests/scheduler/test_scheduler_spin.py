@@ -24,7 +24,7 @@ from edge_runtime.errors import ConfigError
 from edge_runtime.scheduler import model_config
 from edge_runtime.scheduler.factory import scheduler_for, serving_options
 from edge_runtime.scheduler.spin import SPIN_WAIT_US, spin_settings
-from scheduler_fakes import ort_oracle
+from scheduler_fakes import assert_like_ort, ort_oracle
 
 IDLE_S = 2.0
 IDLE_CPU_BOUND_S = 0.1  # 5 % of one core over the idle window; a spinning pool takes a whole core
@@ -108,10 +108,7 @@ async def test_spinning_is_on_while_runs_are_in_flight_and_off_once_idle(runtime
             assert sched.stats()["spinning"] is False
     finally:
         model.close()
-    oracle = ort_oracle(proto)
-    for feed, result in zip(feeds, results):
-        np.testing.assert_allclose(result.outputs["probabilities"], oracle(feed)["probabilities"],
-                                   rtol=1e-4, atol=1e-5)
+    assert_like_ort(proto, feeds, results, "probabilities")
     assert max(r.batch_size for r in results) > 1, "requests were never batched together"
 
 
