@@ -85,6 +85,13 @@ class OpenCLBackend:
         fp16 = ", fp16" if info.has_fp16 else ""
         return Availability.yes(info.name, f"{info.platform}, driver {info.driver_version}{fp16}")
 
+    def own_memory(self) -> bool:
+        """(optional hook, read by calibration) Whether the device has memory of its own (a discrete GPU),
+        which it may read faster than the host reads its own. Raises BackendUnavailableError without one."""
+        from backends.opencl.device import probe_device
+
+        return not probe_device().host_unified
+
     def supports(self, node: "onnx.NodeProto", shapes: Mapping[str, TensorSpec]) -> bool:
         """Whether the kernels compute ``node`` (see backends.opencl.support)."""
         return claim(node, shapes) is None
@@ -137,6 +144,11 @@ class OpenCLBackend:
                 builder = self._builders[key] = ProgramBuilder(handle, cache_root, options.cache_key_extra, self.stats)
         # -w: kernels branch on constant defines on purpose; PoCL would warn on every build.
         build_options = "-w -DUSE_HALF" if half else "-w"
+        if handle.info.correct_divide:
+            # OpenCL lets fp32 division be 2.5 ulp off; ONNX Runtime (the reference) divides IEEE-rounded.
+            # One ulp decides a tie: on NVIDIA's driver Resize nearest picked the next pixel at exact
+            # halves ((x + 0.5) / scale - 0.5 == 0.5) without this; PoCL divides correctly either way.
+            build_options += " -cl-fp32-correctly-rounded-divide-sqrt"
         tuner = Tuner(builder, cache_root, enabled=self.tune, min_flops=self.tune_min_flops,
                       stats=self.stats, options=build_options)
         return builder, tuner, half

@@ -36,6 +36,9 @@ class DeviceInfo:
     max_work_group_size: int
     local_mem_bytes: int
     has_fp16: bool
+    # IEEE-rounded fp32 division and sqrt on request (``-cl-fp32-correctly-rounded-divide-sqrt``)
+    correct_divide: bool = False
+    host_unified: bool = True  # the device reads the host's memory (phones, PoCL); false: a discrete GPU
 
     @property
     def cache_identity(self) -> str:
@@ -72,6 +75,8 @@ def _kind(device: "cl.Device") -> str:
 
 
 def _info(device: "cl.Device") -> DeviceInfo:
+    import pyopencl as cl
+
     extensions = set(device.extensions.split())
     return DeviceInfo(
         name=device.name.strip(),
@@ -83,7 +88,20 @@ def _info(device: "cl.Device") -> DeviceInfo:
         max_work_group_size=int(device.max_work_group_size),
         local_mem_bytes=int(device.local_mem_size),
         has_fp16="cl_khr_fp16" in extensions,
+        correct_divide=bool(int(device.single_fp_config) & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT),
+        host_unified=_host_unified(device),
     )
+
+
+def _host_unified(device: "cl.Device") -> bool:
+    """CL_DEVICE_HOST_UNIFIED_MEMORY (deprecated by OpenCL 2.0, still answered by the drivers seen: NVIDIA
+    false, PoCL true); a driver that refuses the query is taken as unified, the common case on phones."""
+    import pyopencl as cl
+
+    try:
+        return bool(device.host_unified_memory)
+    except (cl.Error, AttributeError):
+        return True
 
 
 def _pick_device() -> "cl.Device":

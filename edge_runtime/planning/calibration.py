@@ -68,6 +68,16 @@ def default_speed(name: str, on_host: bool) -> BackendSpeed:
                         copy_gbps=4.0, copy_latency_us=20.0)
 
 
+def own_memory(backend: Backend) -> bool:
+    """Whether ``backend``'s device has memory of its own (a discrete GPU); backends say so through an
+    optional ``own_memory()`` (the OpenCL backend does); others share the host's memory."""
+    probe = getattr(backend, "own_memory", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except Exception:  # an unusable device calibrates to defaults anyway; the host bound is the safe one
+        return False
+
+
 def measure_speed(backend: Backend, options: CompileOptions, on_host: bool, budget_s: float = 2.0) -> BackendSpeed:
     """Time the micro-models on ``backend``; raises EdgeRuntimeError if it cannot run them.
 
@@ -77,15 +87,16 @@ def measure_speed(backend: Backend, options: CompileOptions, on_host: bool, budg
     still out are replaced by ``default_speed``'s, with a WARNING naming each.
     """
     host_gbps = host_bandwidth_gbps(_BIG_ELEMS)
+    own = own_memory(backend)
     figures = _measure_figures(backend, options, on_host, budget_s)
-    bad = out_of_bounds(figures, host_gbps)
+    bad = out_of_bounds(figures, host_gbps, own)
     if bad:
         log.info("calibration of %s: %s out of bounds (%s); measuring again", backend.name, ", ".join(bad),
                  "; ".join(f"{k} {why}" for k, why in bad.items()))
         again = _measure_figures(backend, options, on_host, budget_s)
         for name in bad:
             figures[name] = again[name]
-        bad = out_of_bounds(figures, host_gbps)
+        bad = out_of_bounds(figures, host_gbps, own)
     fallback = default_speed(backend.name, on_host).to_dict()
     for name, why in bad.items():
         log.warning("calibration of %s: refusing figure %s (%s, measured twice); using the default %s",
@@ -156,7 +167,7 @@ def cached_speed(backend: Backend, device_key: str, cache_dir: Path | None, opti
     if key in entries:
         try:
             speed = BackendSpeed.from_dict(entries[key])
-            bad = out_of_bounds(speed.to_dict(), host_bandwidth_gbps(_BIG_ELEMS))
+            bad = out_of_bounds(speed.to_dict(), host_bandwidth_gbps(_BIG_ELEMS), own_memory(backend))
             if not bad:
                 return speed
             raise ValueError("; ".join(f"{k} {why}" for k, why in bad.items()))

@@ -155,3 +155,44 @@ def test_a_cached_impossible_figure_is_measured_again(tmp_path: Path, caplog) ->
                              lambda b, o, h: measure_speed(b, o, h, budget_s=0.3))
     assert "unusable" in caplog.text and "launch_us" in caplog.text
     assert speed.launch_us > 0 and speed.mem_gbps < 3813.0
+
+
+def test_a_device_with_its_own_memory_may_read_it_faster_than_the_host(monkeypatch, caplog) -> None:
+    """A discrete GPU (an H200's OpenCL read 2.6 TB/s where the host moved 29.5 GB/s) keeps its bandwidth;
+    its copies to the host keep the host's bound, and a shared-memory device keeps both."""
+    from edge_runtime.planning import calibration
+    from edge_runtime.planning.calibration_bounds import DEVICE_MEMORY_GBPS_MAX
+
+    fast = {"gflops": 900.0, "mem_gbps": 2630.0, "launch_us": 6.0, "stage_us": 0.0, "copy_gbps": 12.0,
+            "copy_latency_us": 37.0, "conv_gflops": 370.0}
+    monkeypatch.setattr(calibration, "_measure_figures", lambda *args: dict(fast))
+    monkeypatch.setattr(calibration, "host_bandwidth_gbps", lambda elements: 29.5)
+
+    class Discrete(CPUBackend):
+        def own_memory(self) -> bool:
+            return True
+
+    with caplog.at_level(logging.WARNING):
+        speed = measure_speed(Discrete(), OPTIONS, on_host=False)
+    assert speed.mem_gbps == 2630.0 and speed.copy_gbps == 12.0 and caplog.text == ""
+    with caplog.at_level(logging.WARNING):
+        shared = measure_speed(CPUBackend(), OPTIONS, on_host=False)
+    assert shared.mem_gbps == default_speed("cpu", on_host=False).mem_gbps
+    assert "refusing figure mem_gbps (2630 exceeds 2 x the host's 29.5 GB/s" in caplog.text
+    monkeypatch.setattr(calibration, "_measure_figures",
+                        lambda *args: {**fast, "mem_gbps": 2 * DEVICE_MEMORY_GBPS_MAX, "copy_gbps": 400.0})
+    impossible = measure_speed(Discrete(), OPTIONS, on_host=False)
+    defaults = default_speed("cpu", on_host=False)
+    assert (impossible.mem_gbps, impossible.copy_gbps) == (defaults.mem_gbps, defaults.copy_gbps)
+
+
+@pytest.mark.requires_opencl
+def test_pocl_shares_the_host_s_memory(opencl_backend) -> None:
+    from backends.opencl.device import probe_device
+    from edge_runtime.planning.calibration import own_memory
+
+    info = probe_device()
+    if info.kind == "cpu":  # PoCL, the CI device: the host's own memory
+        assert info.host_unified and own_memory(opencl_backend) is False
+    else:  # a GPU: the calibration follows what the driver says
+        assert own_memory(opencl_backend) is (not info.host_unified)
