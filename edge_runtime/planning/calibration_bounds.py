@@ -13,7 +13,10 @@ out of bounds and then refuses the ones still out, falling back to
   A device with memory of its own (a discrete GPU: OpenCL's ``host_unified_memory``
   false) reads it far faster than the host reads its own (an H200's OpenCL measured
   2.6 TB/s against the host's 29.5 GB/s), so its ``mem_gbps`` is held only under
-  ``DEVICE_MEMORY_GBPS_MAX``; its ``copy_gbps`` crosses to the host and keeps the host's bound;
+  ``DEVICE_MEMORY_GBPS_MAX``; its ``copy_gbps`` crosses to the host and keeps the host's bound.
+  NOTE: the bandwidth micro-model's 4 MB tensors sit in such a GPU's L2 (tens of MB), so there
+  its figure is the cache's: 2.6, 5.2 and 18 TB/s in three runs on an H200, whose memory moves
+  4.8. The estimate only prunes; ``auto`` measures the candidates (it chose that GPU correctly);
 * ``stage_us``, ``copy_latency_us`` >= 0 and under a second-scale ceiling;
 * ``gflops``, ``conv_gflops`` in (0.05, 1e5]: no host bound applies (a GPU may
   be far faster than the CPU), only plausibility.

@@ -94,7 +94,9 @@ def test_a_fusing_backend_keeps_the_chain_apart_and_calibrates_a_real_launch_cos
     import numpy as np
 
     from edge_runtime.planning import micro_models
-    from edge_runtime.planning.calibration_bounds import HOST_BANDWIDTH_SLACK, host_bandwidth_gbps
+    from edge_runtime.planning.calibration import own_memory
+    from edge_runtime.planning.calibration_bounds import (DEVICE_MEMORY_GBPS_MAX, HOST_BANDWIDTH_SLACK,
+                                                          host_bandwidth_gbps)
 
     executable = opencl_backend.compile(micro_models.add_chain(16, 8), OPTIONS)
     try:
@@ -106,7 +108,9 @@ def test_a_fusing_backend_keeps_the_chain_apart_and_calibrates_a_real_launch_cos
     assert len(kernels) == 8, f"one kernel per chain node, not fused: {[k['kernel'] for k in kernels]}"
     speed = measure_speed(opencl_backend, OPTIONS, on_host=False)
     assert speed.launch_us > 0, "a chain of k nodes costs more than one"
-    assert 0 < speed.mem_gbps <= HOST_BANDWIDTH_SLACK * host_bandwidth_gbps()
+    host_bound = HOST_BANDWIDTH_SLACK * host_bandwidth_gbps()
+    # PoCL (CI) reads the host's memory; a discrete GPU its own, held to the device ceiling
+    assert 0 < speed.mem_gbps <= (DEVICE_MEMORY_GBPS_MAX if own_memory(opencl_backend) else host_bound)
     assert speed.copy_gbps is not None and 0 < speed.copy_gbps <= HOST_BANDWIDTH_SLACK * host_bandwidth_gbps()
     assert speed.stage_us >= 0 and speed.copy_latency_us >= 0
 
