@@ -7,7 +7,8 @@ event-driven: on every arrival, freed device slot and batch timer, ``_pump``
 plan under the current load, gathers compatible requests into a batch
 (``batching.py``) once the batch is ready, takes a slot on that plan's device
 worker and hands the batch to the worker's thread, so the event loop never
-blocks. When a run ends, that thread posts the answers to the loop and takes
+blocks on a busy model. (A lone request of at most ``inline_max_ms`` on an idle
+model and an idle loop runs on the loop itself instead: ``inline.py``.) When a run ends, that thread posts the answers to the loop and takes
 the next ready batch for its device itself (``_drive``): the loop is not on
 the path between two runs (each hop through a busy loop costs tens to
 hundreds of microseconds on a small core). It hands its slot back when no
