@@ -274,9 +274,8 @@ class ModelScheduler:
         with self._lock:
             self.counters["inline"] += 1
         worker.release()  # wakes other schedulers waiting for the device
+        # Nothing was queued behind this run: the loop ran it, so no request could arrive meanwhile.
         self._finish(decision, batch, rows, reading, outcome)
-        if len(self._queue):
-            self._pump()
 
     def _slot_freed(self, device: str) -> None:
         with self._lock:
