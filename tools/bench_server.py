@@ -28,7 +28,8 @@ Configurations of the ``cls`` daemon (one daemon each, all measured in every rou
 (``max_batch_size = 0``), ``batched_nospin`` (``spin = "never"``, what served sessions
 did before the spin policy) and ``batched_threaded`` (``inline_max_ms = 0``: an idle model's
 lone request goes to a worker thread too, as before ``scheduler/inline.py``; its c=1 p50 is
-measured too). Per configuration: rows/s at c=16, its ratio to in-process
+measured too) and ``unbatched_pool`` (unbatched with ``single_thread = "never"``: every run on
+the pool session, none on the one-thread session of ``scheduler/single_thread.py``). Per configuration: rows/s at c=16, its ratio to in-process
 ORT one request at a time, the batching gain (batched over unbatched), and the daemon's
 CPU share (CPU seconds per wall second from ``/proc/<pid>/stat``, 1.0 = one core) over a
 few idle seconds after warm-up and during its c=16 side. In-process ORT is also timed
@@ -87,6 +88,9 @@ CLS_VARIANTS = {
     "unbatched": '[batching]\nmax_batch_size = 0\n[queue]\nmax_queue_size = 256\n',
     "batched_nospin": '[scheduler]\nspin = "never"\n' + CLS_CONFIG,
     "batched_threaded": '[scheduler]\ninline_max_ms = 0\n' + CLS_CONFIG,  # no run on the event loop
+    # every run on the pool session (no one-thread session, scheduler/single_thread.py)
+    "unbatched_pool": '[scheduler]\nsingle_thread = "never"\n'
+                      '[batching]\nmax_batch_size = 0\n[queue]\nmax_queue_size = 256\n',
 }
 IDLE_CPU_S = 3.0
 
@@ -211,6 +215,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                                                args.duration_s), 8)),
                     ("c16_edge_batched_nospin", c16("batched_nospin")),
                     ("c16_edge_batched_threaded", c16("batched_threaded")),
+                    ("c16_edge_unbatched_pool", c16("unbatched_pool")),
                     ("c1_cls_edge_threaded", lambda: asyncio.run(closed_loop(
                         variants["batched_threaded"].url, "cls", cls_body, 1, args.duration_s))),
                     ("c1_det_shm", lambda: shm_loop(edge_det.url, "det", det_x, args.det_duration_s)),
@@ -284,7 +289,7 @@ def configurations(result: dict[str, Any], rounds: list[dict[str, Any]],
                      key=lambda entry: entry["rows_per_s"])
     kserve = result.get("c16_kserve", {}).get("rps")
     sides = {"batched": "c16_edge", "unbatched": "c16_edge_unbatched", "batched_nospin": "c16_edge_batched_nospin",
-             "batched_threaded": "c16_edge_batched_threaded"}
+             "batched_threaded": "c16_edge_batched_threaded", "unbatched_pool": "c16_edge_unbatched_pool"}
     table: dict[str, Any] = {"ort_one_at_a_time_rows_per_s": one_at_a_time,
                              "ort_best_batch_rows_per_s": best_batch["rows_per_s"]}
     unbatched = best(rounds, "c16_edge_unbatched", "rps", lower=False)["rps"]

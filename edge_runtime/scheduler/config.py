@@ -10,6 +10,7 @@ seed = 0                   # cost policy: exploration RNG seed (decisions are re
 spin = "load"              # CPU pool threads spin while a run is in flight | "never" | "always" (spin.py)
 spin_wait_us = 1000        # "load": longest one wait of a pool thread spins inside a run; 0 = ORT's own
 inline_max_ms = 2.0        # an idle model's runs this short go on the event loop itself; 0 = never (inline.py)
+single_thread = "auto"     # small cpu models: a one-thread session too, used where measured cheaper | "never"
 [batching]
 max_batch_size = 16        # rows per run; 0 or 1 = off
 max_queue_delay_us = 2000  # how long the first request of a batch may wait for company
@@ -36,6 +37,7 @@ from edge_runtime.scheduler.inline import INLINE_MAX_MS, MAX_INLINE_MAX_MS
 
 POLICIES = ("threshold", "cost", "fixed")
 SPIN_MODES = ("load", "never", "always")  # scheduler.spin: when CPU pool threads may busy-wait
+SINGLE_THREAD_MODES = ("auto", "never")  # scheduler.single_thread (single_thread.py)
 # "load": how long one wait of a pool thread spins inside a run (spin.py says why 1 ms).
 SPIN_WAIT_US = 1000
 MAX_SPIN_WAIT_US = 100_000  # 0.1 s: far past any gap inside a run of a served model
@@ -51,12 +53,16 @@ class SchedulerConfig:
     spin: str = "load"  # when the model's CPU pool threads may busy-wait (scheduler.spin)
     spin_wait_us: int = SPIN_WAIT_US  # "load": bound on one spinning wait in a run; 0 = ORT's own (spin.py)
     inline_max_ms: float = INLINE_MAX_MS  # an idle model's runs this short go on the loop; 0 = never (inline.py)
+    single_thread: str = "auto"  # small cpu models: a one-thread session beside the pool one (single_thread.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"[scheduler] policy must be one of {POLICIES}, got {self.policy!r}")
         if self.spin not in SPIN_MODES:
             raise ConfigError(f"[scheduler] spin must be one of {SPIN_MODES}, got {self.spin!r}")
+        if self.single_thread not in SINGLE_THREAD_MODES:
+            raise ConfigError(f"[scheduler] single_thread must be one of {SINGLE_THREAD_MODES}, "
+                              f"got {self.single_thread!r}")
         if type(self.spin_wait_us) is not int or not 0 <= self.spin_wait_us <= MAX_SPIN_WAIT_US:
             raise ConfigError(f"[scheduler] spin_wait_us must be an integer in 0..{MAX_SPIN_WAIT_US} "
                               f"(microseconds), got {self.spin_wait_us!r}")

@@ -54,6 +54,7 @@ from edge_runtime.scheduler.plans import GPU_BACKENDS, Plan, model_plan
 from edge_runtime.scheduler.recheck import candidate_plans, plan_recheck
 from edge_runtime.scheduler.scheduler import ModelScheduler
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY
+from edge_runtime.scheduler.single_thread import SingleThreadSwitch
 from edge_runtime.scheduler.spin import TWIN_MAX_BYTES, SpinSwitch, spin_settings
 from edge_runtime.scheduler.workers import DeviceWorkers
 
@@ -99,6 +100,10 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
     if switch is not None:
         owned.append(switch.quiet_model)
         plans[model.backend] = dataclasses.replace(plans[model.backend], call=switch)
+    single = _single_thread_switch(runtime, model, plans[model.backend].call, config, threads)
+    if single is not None:
+        owned.append(single.single_model)
+        plans[model.backend] = dataclasses.replace(plans[model.backend], call=single)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
     if config.scheduler.policy == "fixed" and wanted == "auto":  # auto-core: auto's candidates, re-checked live
@@ -127,7 +132,7 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
         scheduler = ModelScheduler(model.name, model.inputs, plans, config, outputs=model.outputs, monitor=monitor,
                                    workers=workers, default_plan=model.backend, owned=owned, batching=batching,
                                    recheck=plan_recheck(model.name, config, plans, model.backend),
-                                   spin_switch=switch)
+                                   spin_switch=switch, single_thread=single)
     except ConfigError:
         for extra in owned:
             extra.close()
@@ -143,19 +148,37 @@ def _spin_switch(runtime: Any, model: Any, own: Any, config: ModelConfig, thread
     them (``spin.py``), where there is a monitor to read the host's load and the model is small."""
     if model.backend != "cpu" or config.scheduler.spin != "load" or monitor is None or not _is_onnx(model):
         return None
-    try:
-        size = Path(model.path).stat().st_size
-    except OSError:
-        return None
-    if size > TWIN_MAX_BYTES:
-        log.info("model %s: no quiet twin session (%d MiB > %d MiB): it spins within runs whatever the load",
-                 model.name, size >> 20, TWIN_MAX_BYTES >> 20)
+    if not _small(model):
+        log.info("model %s: no quiet twin session (larger than %d MiB): it spins within runs whatever the load",
+                 model.name, TWIN_MAX_BYTES >> 20)
         return None
     quiet = runtime.load(model.path, name=model.name, backend="cpu",
                          options=spin_settings("never").apply(_serving(runtime, threads, config)))
     switch = SpinSwitch(own._run_validated, quiet._run_validated, lambda: monitor.reading)
     switch.quiet_model = quiet
     return switch
+
+
+def _single_thread_switch(runtime: Any, model: Any, pool: Any, config: ModelConfig,
+                          threads: int) -> SingleThreadSwitch | None:
+    """A single-thread session of a small cpu model beside its pool session, and the switch that
+    serves each input shape by whichever is measured cheaper (``single_thread.py``)."""
+    if (model.backend != "cpu" or threads < 2 or config.scheduler.single_thread != "auto"
+            or not _is_onnx(model) or not _small(model)):
+        return None
+    options = dataclasses.replace(spin_settings("never").apply(_serving(runtime, threads, config)), intra_op_threads=1)
+    single = runtime.load(model.path, name=model.name, backend="cpu", options=options)
+    switch = SingleThreadSwitch(pool, single._run_validated)
+    switch.single_model = single
+    return switch
+
+
+def _small(model: Any) -> bool:
+    """Whether a second session of ``model`` is cheap enough to keep (its file at most ``TWIN_MAX_BYTES``)."""
+    try:
+        return Path(model.path).stat().st_size <= TWIN_MAX_BYTES
+    except OSError:
+        return False
 
 
 def _worth_keeping(model: Any) -> frozenset[str]:

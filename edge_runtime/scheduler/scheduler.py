@@ -46,6 +46,7 @@ from edge_runtime.scheduler.queue import RequestQueue
 from edge_runtime.scheduler.recheck import PlanRecheck
 from edge_runtime.scheduler.request import InferenceResult, QueuedRequest
 from edge_runtime.scheduler.shape_jobs import DEFERRED_PRIORITY, ShapeJob, ShapeJobs
+from edge_runtime.scheduler.single_thread import SingleThreadSwitch
 from edge_runtime.scheduler.spin import SpinSwitch, spinning_now
 from edge_runtime.scheduler.workers import DeviceWorker, DeviceWorkers
 from edge_runtime.validation import validate_feeds
@@ -67,7 +68,8 @@ class ModelScheduler:
     decision, ``batch_probe.py``) overrides that check. ``default_plan`` is what
     ``plan = "auto"`` means.
     ``owned`` objects (models compiled for extra plans) are closed by ``close()``. ``spin_switch``:
-    the cpu plan's switch between its spinning session and a quiet twin (``spin.py``), for stats.
+    the cpu plan's switch between its spinning session and a quiet twin (``spin.py``), for stats;
+    ``single_thread``: its switch between the pool session and a one-thread one (``single_thread.py``).
     """
 
     def __init__(self, name: str, inputs: list[TensorSpec], plans: Mapping[str, Plan],
@@ -76,7 +78,8 @@ class ModelScheduler:
                  monitor: LoadMonitor | None = None, workers: DeviceWorkers | None = None,
                  policy: Policy | None = None, default_plan: str | None = None,
                  owned: Sequence[Any] = (), batching: BatchingDecision | None = None,
-                 recheck: PlanRecheck | None = None, spin_switch: SpinSwitch | None = None) -> None:
+                 recheck: PlanRecheck | None = None, spin_switch: SpinSwitch | None = None,
+                 single_thread: SingleThreadSwitch | None = None) -> None:
         if not plans:
             raise ValueError("a scheduler needs at least one plan")
         self.name = name
@@ -86,6 +89,7 @@ class ModelScheduler:
         self.policy = policy or make_policy(config.scheduler, self.plans, default_plan)
         self.recheck = recheck  # abandons the served plan for a candidate measured faster (recheck.py)
         self.spin_switch = spin_switch  # the cpu plan's spinning session or quiet twin, per run (spin.py)
+        self.single_thread = single_thread  # the cpu plan's pool or one-thread session, per run (single_thread.py)
         self._chooser = choose_plan
         self._monitor = monitor
         self._own_workers = workers is None
@@ -439,6 +443,8 @@ class ModelScheduler:
         ``estimates_ms`` (cost policy: learned unloaded ms per row per plan), ``spinning``
         (whether the spin policy lets the model's CPU pool threads spin now, ``spin.py``),
         ``spin_runs`` (runs on the spinning session and on its quiet twin, where it has one),
+        ``single_thread`` (runs on the pool and the one-thread session, and what each costs per
+        row, where the model has both),
         ``cost_ms_per_row`` (the batcher's measured cost curve) and ``batch_knee`` (its knee).
         """
         with self._lock:
@@ -448,6 +454,7 @@ class ModelScheduler:
                     "spinning": spinning_now(self.config.scheduler.spin, self.in_flight)
                     and (self.spin_switch is None or self.spin_switch.spin_now()),
                     **({"spin_runs": dict(self.spin_switch.runs)} if self.spin_switch is not None else {}),
+                    **({"single_thread": self.single_thread.snapshot()} if self.single_thread is not None else {}),
                     "cost_ms_per_row": self._sizer.curve.per_row_ms(), "batch_knee": self._sizer.curve.knee(),
                     **dict(self.counters),
                     **({"recheck": self.recheck.snapshot()} if self.recheck is not None else {})}

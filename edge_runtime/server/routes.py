@@ -128,14 +128,15 @@ def _batching(target: LoadedVersion) -> dict[str, Any]:
 
 def _spin(target: LoadedVersion) -> dict[str, Any] | None:
     """The spin policy (``scheduler/spin.py``): its mode, runs on the spinning session and its quiet
-    twin, runs on the event loop (``scheduler/inline.py``), and the batcher's live cost curve (ms
-    per row by batch size)."""
+    twin, runs on the event loop (``scheduler/inline.py``), runs on the pool and the one-thread
+    session with their measured cost (``scheduler/single_thread.py``), and the batcher's live cost
+    curve (ms per row by batch size)."""
     scheduler = target.scheduler
     if scheduler is None:
         return None
     stats = scheduler.stats()
     return {"mode": scheduler.config.scheduler.spin, "runs": stats.get("spin_runs"),
-            "inline_runs": stats.get("inline", 0),
+            "inline_runs": stats.get("inline", 0), "single_thread": stats.get("single_thread"),
             "cost_ms_per_row": {str(rows): ms for rows, ms in (stats.get("cost_ms_per_row") or {}).items()},
             "batch_knee": stats.get("batch_knee")}
 

@@ -41,6 +41,13 @@ def ort_oracle(proto: Any) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.
     return lambda feeds: dict(zip(names, session.run(names, dict(feeds))))
 
 
+def pool_model(plan: Any) -> Any:
+    """The loaded ``Model`` whose pool session a factory-built cpu plan runs on (under its
+    one-thread switch, ``scheduler/single_thread.py``, when it has one)."""
+    call = plan.call
+    return getattr(call, "pool", call).__self__
+
+
 def assert_like_ort(proto: Any, feeds: list[Mapping[str, np.ndarray]], results: list[Any], output: str,
                     rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """Each result's ``output`` equals plain ONNX Runtime's on its own feeds (``ort_oracle``)."""

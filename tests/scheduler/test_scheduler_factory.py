@@ -15,7 +15,7 @@ from edge_runtime.errors import ConfigError
 from edge_runtime.scheduler import model_config
 from edge_runtime.scheduler.factory import monitor_for, runtime_workers, scheduler_for
 from edge_runtime.scheduler.plans import GPU_BACKENDS
-from scheduler_fakes import InstrumentedPlan, compile_on, ort_oracle
+from scheduler_fakes import InstrumentedPlan, compile_on, ort_oracle, pool_model
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ async def test_an_adaptive_policy_serves_the_partitioners_hybrid_plan_where_it_f
 
 
 def _session_entry(plan, key: str) -> str:
-    session = plan.call.__self__.executable._session  # the ONNX Runtime session behind the plan
+    session = pool_model(plan).executable._session  # the ONNX Runtime session behind the plan
     return session.get_session_options().get_session_config_entry(key)
 
 
@@ -122,7 +122,7 @@ def test_served_onnxruntime_sessions_spin_only_while_a_run_is_in_flight(runtime,
     assert spinning.options.allow_spinning and not spinning.options.spin_only_in_runs
     for model in (spinning, runtime.load(mlp_path, backend="cpu", options=serving_options(runtime))):
         sched = scheduler_for(model, model_config({"scheduler": {"policy": "cost"}}), runtime, None)
-        options = sched.plans["cpu"].call.__self__.options
+        options = pool_model(sched.plans["cpu"]).options
         assert options.allow_spinning and options.spin_only_in_runs
         assert _session_entry(sched.plans["cpu"], "session.intra_op.allow_spinning") == "1"
         assert _session_entry(sched.plans["cpu"], "session.force_spinning_stop") == "1"

@@ -1,0 +1,149 @@
+"""Short runs on one thread: a small CPU model's single-thread session beside its pool session.
+
+ONNX Runtime splits every kernel of a run over its intra-op pool. For a small model at one
+row that split costs more than it saves, and it keeps every core busy for the run. On the
+PP-OCR classifier (2 cores, in process, best of 5 rounds): one row takes 0.83 ms on one
+thread against 0.94 ms on two threads with the daemon's spin settings (0.87-0.90 ms in ORT's
+default session), while a batch of 8 takes 0.77 ms per row on one thread against 0.47 on
+two. Served unbatched at c=16 (the load generator on the same two cores), one thread gave
+996 req/s against 683: the other core stays free for the event loop and the clients. So
+neither thread count is right for every run.
+
+``SingleThreadSwitch`` is a cpu plan's ``call``: the model's own (pool) session, or a second
+session with one intra-op thread (no pool: nothing spins, nothing to wake), chosen per run
+by measurement, not by a rule of thumb. Runs are keyed by their input shapes; for each key it
+keeps an EWMA of the wall time per row on each session (the first run of a key on a session
+is not counted: ORT plans its memory then) and serves the key by the cheaper one once both
+have ``MIN_RUNS`` counted runs. Until then it alternates, pool first; afterwards one run in
+``EXPLORE_EVERY`` goes to the other session, so a choice made under other load is measured
+again. A key whose pool runs take more than ``MAX_RUN_MS`` stays on the pool without trying
+one thread: a long run is worth splitting, and a try would cost a request up to twice its time.
+
+Both sessions compute the same graph; results may differ in the last bits where a kernel
+splits a sum over threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable, Mapping
+
+import numpy as np
+
+__all__ = ["EXPLORE_EVERY", "MAX_RUN_MS", "MIN_RUNS", "SingleThreadSwitch"]
+
+MIN_RUNS = 3  # counted runs on each session before a key is decided
+EXPLORE_EVERY = 64  # runs of a decided key between two runs on the session it does not serve by
+MAX_RUN_MS = 5.0  # pool runs of a key longer than this: the key stays on the pool, never tried on one thread
+ALPHA = 0.2  # EWMA weight of a new run
+MAX_KEYS = 64  # input-shape keys remembered (least recently used dropped first)
+
+Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+SESSIONS = ("pool", "single")
+
+
+class _Key:
+    """What is known of one input-shape key: runs seen and EWMA ms per row, per session."""
+
+    __slots__ = ("rows", "seen", "ms_per_row", "since_explore")
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows  # rows of each run of this key (the long-run bound is on a run, not a row)
+        self.seen = {"pool": 0, "single": 0}
+        self.ms_per_row: dict[str, float] = {}
+        self.since_explore = 0
+
+    def counted(self, session: str) -> int:
+        return max(0, self.seen[session] - 1)  # the first run of a key on a session is not counted
+
+    def choose(self) -> str:
+        pool_ms = self.ms_per_row.get("pool")
+        if self.counted("pool") < MIN_RUNS:
+            return "pool"
+        if pool_ms is not None and pool_ms * self.rows > MAX_RUN_MS:
+            return "pool"
+        if self.counted("single") < MIN_RUNS:
+            return "single"
+        best = min(SESSIONS, key=lambda s: self.ms_per_row[s])
+        self.since_explore += 1
+        if self.since_explore >= EXPLORE_EVERY:
+            self.since_explore = 0
+            return "pool" if best == "single" else "single"
+        return best
+
+
+class SingleThreadSwitch:
+    """A cpu plan's ``call``: each run on the pool session or the single-thread one (module docstring).
+
+    ``runs`` counts the runs per session for the scheduler's stats; ``single_model`` is the
+    single-thread ``Model`` when the factory built it (closed with the scheduler).
+    """
+
+    def __init__(self, pool: Run, single: Run, *, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.pool = pool  # the model's own run (its pool session, or the spin policy's switch)
+        self._runs = {"pool": pool, "single": single}
+        self._clock = clock
+        self.runs = {"pool": 0, "single": 0}
+        self.single_model: object = None
+        self._keys: OrderedDict[tuple, _Key] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        key, rows = _key_of(feeds)
+        with self._lock:
+            entry = self._entry(key, rows)
+            session = entry.choose()
+            self.runs[session] += 1
+        started = self._clock()
+        outputs = self._runs[session](feeds)
+        self.observe(key, rows, session, (self._clock() - started) * 1e3)
+        return outputs
+
+    def observe(self, key: tuple, rows: int, session: str, ms: float) -> None:
+        """A run of ``rows`` rows with input shapes ``key`` took ``ms`` on ``session``."""
+        with self._lock:
+            entry = self._entry(key, rows)
+            entry.seen[session] += 1
+            if entry.seen[session] == 1 or not ms > 0:
+                return
+            sample = ms / rows
+            previous = entry.ms_per_row.get(session)
+            entry.ms_per_row[session] = sample if previous is None else previous + ALPHA * (sample - previous)
+
+    def choice(self, feeds: Mapping[str, np.ndarray]) -> str | None:
+        """The session runs of ``feeds``' shapes are served by now (None: not decided yet)."""
+        key, _ = _key_of(feeds)
+        with self._lock:
+            entry = self._keys.get(key)
+            if entry is None or min(entry.counted(s) for s in SESSIONS) < MIN_RUNS:
+                return None
+            return min(SESSIONS, key=lambda s: entry.ms_per_row[s])
+
+    def snapshot(self) -> dict[str, object]:
+        """Runs per session and, per decided input-shape key (latest 8), ms per row on each."""
+        with self._lock:
+            keys = {}
+            for key, entry in list(self._keys.items())[-8:]:
+                if entry.ms_per_row:
+                    label = " ".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in key)
+                    keys[label] = {s: round(ms, 4) for s, ms in entry.ms_per_row.items()}
+            return {"runs": dict(self.runs), "ms_per_row": keys}
+
+    def _entry(self, key: tuple, rows: int) -> _Key:
+        entry = self._keys.get(key)
+        if entry is None:
+            entry = self._keys[key] = _Key(max(1, rows))
+            while len(self._keys) > MAX_KEYS:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(key)
+        return entry
+
+
+def _key_of(feeds: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
+    """(the feeds' names and shapes, the rows of a run: dim 0 of the first input, 1 for a scalar)."""
+    key = tuple(sorted((name, tuple(np.shape(value))) for name, value in feeds.items()))
+    first = key[0][1] if key else ()
+    return key, int(first[0]) if first and first[0] > 0 else 1
