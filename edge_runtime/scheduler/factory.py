@@ -102,7 +102,7 @@ def scheduler_for(model: Any, config: ModelConfig, runtime: Any, monitor: LoadMo
         plans[model.backend] = dataclasses.replace(plans[model.backend], call=switch)
     single = _single_thread_switch(runtime, model, plans[model.backend].call, config, threads)
     if single is not None:
-        owned.append(single.single_model)
+        owned.append(single)
         plans[model.backend] = dataclasses.replace(plans[model.backend], call=single)
     wanted = config.scheduler.plan
     needs_more = config.scheduler.policy != "fixed" or wanted not in ("auto", model.backend)
@@ -161,16 +161,15 @@ def _spin_switch(runtime: Any, model: Any, own: Any, config: ModelConfig, thread
 
 def _single_thread_switch(runtime: Any, model: Any, pool: Any, config: ModelConfig,
                           threads: int) -> SingleThreadSwitch | None:
-    """A single-thread session of a small cpu model beside its pool session, and the switch that
-    serves each input shape by whichever is measured cheaper (``single_thread.py``)."""
+    """The switch that serves each input shape of a small cpu model by its pool session or a
+    one-thread session, whichever is measured cheaper (``single_thread.py``; the one-thread
+    session is built when a shape's runs prove short)."""
     if (model.backend != "cpu" or threads < 2 or config.scheduler.single_thread != "auto"
             or not _is_onnx(model) or not _small(model)):
         return None
     options = dataclasses.replace(spin_settings("never").apply(_serving(runtime, threads, config)), intra_op_threads=1)
-    single = runtime.load(model.path, name=model.name, backend="cpu", options=options)
-    switch = SingleThreadSwitch(pool, single._run_validated)
-    switch.single_model = single
-    return switch
+    return SingleThreadSwitch(pool, build=lambda: runtime.load(model.path, name=model.name, backend="cpu",
+                                                               options=options))
 
 
 def _small(model: Any) -> bool:

@@ -14,10 +14,13 @@ session with one intra-op thread (no pool: nothing spins, nothing to wake), chos
 by measurement, not by a rule of thumb. Runs are keyed by their input shapes; for each key it
 keeps an EWMA of the wall time per row on each session (the first run of a key on a session
 is not counted: ORT plans its memory then) and serves the key by the cheaper one once both
-have ``MIN_RUNS`` counted runs. Until then it alternates, pool first; afterwards one run in
+have ``MIN_RUNS`` counted runs: first the pool's, then the one thread's; afterwards one run in
 ``EXPLORE_EVERY`` goes to the other session, so a choice made under other load is measured
 again. A key whose pool runs take more than ``MAX_RUN_MS`` stays on the pool without trying
 one thread: a long run is worth splitting, and a try would cost a request up to twice its time.
+The one-thread session is built the first time a key qualifies, in a background thread (the
+runs stay on the pool meanwhile): a model whose runs are all long never holds it, and the
+daemon's idle memory grows only by what the short models' second sessions take.
 
 Both sessions compute the same graph; results may differ in the last bits where a kernel
 splits a sum over threads.
@@ -25,20 +28,24 @@ splits a sum over threads.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 __all__ = ["EXPLORE_EVERY", "MAX_RUN_MS", "MIN_RUNS", "SingleThreadSwitch"]
+
+log = logging.getLogger(__name__)
 
 MIN_RUNS = 3  # counted runs on each session before a key is decided
 EXPLORE_EVERY = 64  # runs of a decided key between two runs on the session it does not serve by
 MAX_RUN_MS = 5.0  # pool runs of a key longer than this: the key stays on the pool, never tried on one thread
 ALPHA = 0.2  # EWMA weight of a new run
 MAX_KEYS = 64  # input-shape keys remembered (least recently used dropped first)
+BUILD_JOIN_S = 30.0  # close() waits this long at most for a build in progress
 
 Run = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 SESSIONS = ("pool", "single")
@@ -58,11 +65,13 @@ class _Key:
     def counted(self, session: str) -> int:
         return max(0, self.seen[session] - 1)  # the first run of a key on a session is not counted
 
-    def choose(self) -> str:
+    def short(self) -> bool:
+        """Whether the pool's runs of this key are measured and short enough to try on one thread."""
         pool_ms = self.ms_per_row.get("pool")
-        if self.counted("pool") < MIN_RUNS:
-            return "pool"
-        if pool_ms is not None and pool_ms * self.rows > MAX_RUN_MS:
+        return self.counted("pool") >= MIN_RUNS and pool_ms is not None and pool_ms * self.rows <= MAX_RUN_MS
+
+    def choose(self, single_ready: bool) -> str:
+        if not single_ready or not self.short():
             return "pool"
         if self.counted("single") < MIN_RUNS:
             return "single"
@@ -77,47 +86,105 @@ class _Key:
 class SingleThreadSwitch:
     """A cpu plan's ``call``: each run on the pool session or the single-thread one (module docstring).
 
-    ``runs`` counts the runs per session for the scheduler's stats; ``single_model`` is the
-    single-thread ``Model`` when the factory built it (closed with the scheduler).
+    ``single`` is the one-thread session's run, or ``build`` makes it (a loaded ``Model``) the
+    first time a shape qualifies: in a background thread, the runs staying on the pool until it
+    is ready, so a model whose runs are all long never holds a second session. ``runs`` counts
+    the runs per session for the scheduler's stats; ``close()`` closes a built model.
     """
 
-    def __init__(self, pool: Run, single: Run, *, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, pool: Run, single: Run | None = None, *, build: Callable[[], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if (single is None) == (build is None):
+            raise ValueError("give the one-thread session's run or a way to build it, not both")
         self.pool = pool  # the model's own run (its pool session, or the spin policy's switch)
-        self._runs = {"pool": pool, "single": single}
+        self._runs: dict[str, Run | None] = {"pool": pool, "single": single}
+        self._build = build
+        self._building: threading.Thread | None = None
+        self.single_model: Any = None  # the built one-thread Model
+        self.build_error: str | None = None
         self._clock = clock
         self.runs = {"pool": 0, "single": 0}
-        self.single_model: object = None
         self._keys: OrderedDict[tuple, _Key] = OrderedDict()
         self._lock = threading.Lock()
+        self._closed = False
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         key, rows = _key_of(feeds)
         with self._lock:
             entry = self._entry(key, rows)
-            session = entry.choose()
+            session = entry.choose(self._runs["single"] is not None)
             self.runs[session] += 1
+            run = self._runs[session]
         started = self._clock()
-        outputs = self._runs[session](feeds)
+        outputs = run(feeds)
         self.observe(key, rows, session, (self._clock() - started) * 1e3)
         return outputs
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait for a build in progress; whether the one-thread session is there."""
+        building = self._building
+        if building is not None:
+            building.join(timeout_s)
+        return self._runs["single"] is not None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            building = self._building
+        if building is not None:
+            building.join(BUILD_JOIN_S)
+        with self._lock:
+            model, self.single_model = self.single_model, None
+            self._runs["single"] = None
+        if model is not None:
+            model.close()
+
+    def _start_build(self) -> None:
+        """Build the one-thread session off the caller's thread, once (caller holds the lock)."""
+        if self._build is None or self._building is not None or self._closed:
+            return
+        self._building = threading.Thread(target=self._build_single, name="edge-runtime-single-thread",
+                                          daemon=True)
+        self._building.start()
+
+    def _build_single(self) -> None:
+        try:
+            model = self._build()
+        except Exception as exc:  # a load failure leaves the pool serving every run
+            self.build_error = f"{type(exc).__name__}: {exc}"
+            log.warning("one-thread session not built (%s): every run stays on the pool session", self.build_error)
+            return
+        with self._lock:
+            if self._closed:
+                closing = model
+            else:
+                closing = None
+                self.single_model = model
+                self._runs["single"] = model._run_validated
+        if closing is not None:
+            closing.close()
 
     def observe(self, key: tuple, rows: int, session: str, ms: float) -> None:
         """A run of ``rows`` rows with input shapes ``key`` took ``ms`` on ``session``."""
         with self._lock:
             entry = self._entry(key, rows)
+            if not ms > 0:
+                return  # a clock that did not move says nothing
             entry.seen[session] += 1
-            if entry.seen[session] == 1 or not ms > 0:
+            if entry.seen[session] == 1:
                 return
             sample = ms / rows
             previous = entry.ms_per_row.get(session)
             entry.ms_per_row[session] = sample if previous is None else previous + ALPHA * (sample - previous)
+            if self._runs["single"] is None and entry.short():
+                self._start_build()
 
     def choice(self, feeds: Mapping[str, np.ndarray]) -> str | None:
         """The session runs of ``feeds``' shapes are served by now (None: not decided yet)."""
         key, _ = _key_of(feeds)
         with self._lock:
             entry = self._keys.get(key)
-            if entry is None or min(entry.counted(s) for s in SESSIONS) < MIN_RUNS:
+            if entry is None or not entry.short() or entry.counted("single") < MIN_RUNS:
                 return None
             return min(SESSIONS, key=lambda s: entry.ms_per_row[s])
 

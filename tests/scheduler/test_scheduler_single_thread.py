@@ -10,6 +10,8 @@ been measured, and the session the switch serves by must be the one it measured 
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -105,12 +107,57 @@ def test_a_slower_one_thread_session_is_abandoned_when_its_runs_get_dearer() -> 
     assert switch.choice(_feeds(1)) == "pool"
 
 
-def test_a_shape_whose_pool_runs_are_long_never_runs_on_one_thread() -> None:
-    switch, ran = _switch(pool_ms_per_row=MAX_RUN_MS * 2, single_ms_per_row=1.0)
+class _BuiltModel:
+    """A stand-in for the one-thread ``Model`` the factory builds: its run and whether it was closed."""
+
+    def __init__(self, ran: list[str], clock: _Clock) -> None:
+        self.ran, self.clock, self.closed = ran, clock, False
+
+    def _run_validated(self, feeds):
+        self.clock.now += 0.5e-3
+        self.ran.append("single")
+        return {"output": feeds["input"] * 2.0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _lazy(pool_ms: float) -> tuple[SingleThreadSwitch, list[str], list[_BuiltModel]]:
+    ran, built, clock = [], [], _Clock()
+
+    def pool(feeds):
+        clock.now += pool_ms / 1e3
+        ran.append("pool")
+        return {"output": feeds["input"] * 2.0}
+
+    def build():
+        built.append(_BuiltModel(ran, clock))
+        return built[-1]
+
+    return SingleThreadSwitch(pool, build=build, clock=clock), ran, built
+
+
+def test_a_shape_whose_pool_runs_are_long_never_builds_or_runs_a_one_thread_session() -> None:
+    switch, ran, built = _lazy(pool_ms=MAX_RUN_MS * 2)
     for _ in range(3 * EXPLORE_EVERY):
         switch(_feeds(1))
-    assert set(ran) == {"pool"}
+    assert set(ran) == {"pool"} and built == [] and switch.single_model is None
     assert switch.choice(_feeds(1)) is None
+
+
+def test_the_one_thread_session_is_built_once_when_a_shape_proves_short_and_closed_with_the_switch() -> None:
+    switch, ran, built = _lazy(pool_ms=1.0)
+    for _ in range(MIN_RUNS + 1):
+        switch(_feeds(1))
+    assert switch.wait_ready(30.0), switch.build_error
+    for _ in range(MIN_RUNS + 5):
+        np.testing.assert_array_equal(switch(_feeds(1))["output"], np.full((1, 4), 2.0, np.float32))
+    assert len(built) == 1 and switch.single_model is built[0]
+    assert ran[:MIN_RUNS + 1] == ["pool"] * (MIN_RUNS + 1)
+    assert "single" in ran[MIN_RUNS + 1:]  # measured on one thread once it was there
+    switch.close()
+    assert built[0].closed and switch.single_model is None
+    assert switch(_feeds(1))["output"].shape == (1, 4)  # after close, the pool answers
 
 
 def _served(runtime, path, scheduler: dict | None = None):
@@ -124,19 +171,23 @@ async def test_default_configuration_serves_a_small_cnn_with_both_sessions_measu
     path, proto = cnn
     sched, model = _served(runtime, path)
     switch = sched.single_thread
-    assert switch is not None and switch.single_model is not None
-    session = switch.single_model.executable._session  # ORT's session behind the one-thread side
-    assert session.get_session_options().intra_op_num_threads == 1
+    assert switch is not None
     rng = np.random.default_rng(12)
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(24)]
     try:
         async with sched:
-            results = [await sched.infer(feed) for feed in feeds]  # one at a time: one-row runs
+            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]  # one-row runs on the pool
+            # The CNN's runs are far under MAX_RUN_MS: the one-thread session is being built.
+            assert await asyncio.to_thread(switch.wait_ready, 60.0), switch.build_error
+            session = switch.single_model.executable._session  # ORT's session behind the one-thread side
+            assert session.get_session_options().intra_op_num_threads == 1
+            results += [await sched.infer(feed) for feed in feeds[MIN_RUNS + 1:]]
             stats = sched.stats()["single_thread"]
             choice = switch.choice(feeds[0])
     finally:
         sched.discard()
         model.close()
+    assert switch.single_model is None  # closed with the scheduler
     assert_like_ort(proto, feeds, results, "probabilities")
     assert stats["runs"]["pool"] >= MIN_RUNS + 1 and stats["runs"]["single"] >= MIN_RUNS + 1, stats
     measured = stats["ms_per_row"]["input:1x3x32x32"]
