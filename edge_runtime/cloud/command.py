@@ -104,7 +104,7 @@ def _summary(manifest: dict[str, Any], out: Path) -> str:
              f"  cut_tensors: {', '.join(manifest['cut_tensors'])}",
              f"  network ({net['source']}): rtt {net['rtt_ms']} ms, {net['bandwidth_mbps']} Mbit/s; "
              f"cloud speedup {estimates['cloud_speedup']['value']:.2f} ({estimates['cloud_speedup']['source']})",
-             f"  estimates: " + ", ".join(f"{e['plan']} {e['estimated_ms']} ms" for e in estimates["plans"]),
+             "  estimates: " + ", ".join(f"{e['plan']} {e['estimated_ms']} ms" for e in estimates["plans"]),
              f"  recommended overall: {estimates['recommended']}",
              f"  wrote {out / 'head.onnx'}, {out / 'tail.onnx'}, {out / 'manifest.json'}"]
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from edge_runtime.errors import QueueFullError
 from edge_runtime.generation.openai_cloud import CloudStreamError, OpenAICloud

@@ -217,8 +217,6 @@ def matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int,
 
 def _write_folder(folder: Path, out: Path, weight_files: tuple[Path, ...], quantized: object) -> None:
     """Every file of ``folder`` but the model (tokenizer, configs, template), then the quantized model."""
-    import onnx
-
     out.mkdir(parents=True, exist_ok=True)
     skip = {p.name for p in weight_files}
     for entry in folder.iterdir():

@@ -36,6 +36,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from edge_runtime.heap_trim import release_free_heap
+
 __all__ = ["EXPLORE_EVERY", "MAX_RUN_MS", "MIN_RUNS", "SingleThreadSwitch"]
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,8 @@ class SingleThreadSwitch:
             self.build_error = f"{type(exc).__name__}: {exc}"
             log.warning("one-thread session not built (%s): every run stays on the pool session", self.build_error)
             return
+        finally:
+            release_free_heap()  # this thread's malloc arena keeps the load's freed pages otherwise
         with self._lock:
             if self._closed:
                 closing = model

@@ -227,3 +227,12 @@ def test_no_one_thread_session_when_turned_off_on_one_core_or_for_a_large_model(
 def test_single_thread_mode_outside_its_choices_is_a_config_error(bad, message) -> None:
     with pytest.raises(ConfigError, match=message):
         model_config({"scheduler": {"single_thread": bad}})
+
+
+def test_the_heap_is_trimmed_where_the_c_library_can() -> None:
+    """glibc (Linux, CI's Debian) has malloc_trim; other C libraries are left as they are."""
+    import platform
+
+    from edge_runtime.heap_trim import release_free_heap
+
+    assert release_free_heap() is (platform.libc_ver()[0] == "glibc")
