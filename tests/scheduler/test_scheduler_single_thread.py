@@ -174,24 +174,32 @@ async def test_default_configuration_serves_a_small_cnn_with_both_sessions_measu
     assert switch is not None
     rng = np.random.default_rng(12)
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(24)]
+    key = "input:1x3x32x32"
     try:
         async with sched:
-            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]  # one-row runs on the pool
-            # The CNN's runs are far under MAX_RUN_MS: the one-thread session is being built.
-            assert await asyncio.to_thread(switch.wait_ready, 60.0), switch.build_error
-            session = switch.single_model.executable._session  # ORT's session behind the one-thread side
-            assert session.get_session_options().intra_op_num_threads == 1
+            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]  # one-row runs; the pool is measured first
+            pool_ms = switch.snapshot()["ms_per_row"][key]["pool"]
+            short = pool_ms <= MAX_RUN_MS  # the CNN's run is far under it, unless this machine is swamped
+            if short:  # the one-thread session is being built
+                assert await asyncio.to_thread(switch.wait_ready, 60.0), switch.build_error
+                session = switch.single_model.executable._session  # ORT's session behind the one-thread side
+                assert session.get_session_options().intra_op_num_threads == 1
             results += [await sched.infer(feed) for feed in feeds[MIN_RUNS + 1:]]
             stats = sched.stats()["single_thread"]
             choice = switch.choice(feeds[0])
     finally:
         sched.discard()
         model.close()
-    assert switch.single_model is None  # closed with the scheduler
+    assert switch.single_model is None  # closed with the scheduler (or never built)
     assert_like_ort(proto, feeds, results, "probabilities")
+    measured = stats["ms_per_row"][key]
+    if not short:
+        assert stats["runs"]["single"] == 0 and "single" not in measured, (pool_ms, stats)
+        return
     assert stats["runs"]["pool"] >= MIN_RUNS + 1 and stats["runs"]["single"] >= MIN_RUNS + 1, stats
-    measured = stats["ms_per_row"]["input:1x3x32x32"]
-    assert choice == min(measured, key=measured.__getitem__), (choice, measured)
+    assert set(measured) == {"pool", "single"}, measured
+    if measured["pool"] <= MAX_RUN_MS:  # still short: served by the session measured cheaper
+        assert choice == min(measured, key=measured.__getitem__), (choice, measured)
 
 
 def test_no_one_thread_session_when_turned_off_on_one_core_or_for_a_large_model(runtime, cnn, monkeypatch,
