@@ -29,7 +29,8 @@ Configurations of the ``cls`` daemon (one daemon each, all measured in every rou
 did before the spin policy) and ``batched_threaded`` (``inline_max_ms = 0``: an idle model's
 lone request goes to a worker thread too, as before ``scheduler/inline.py``; its c=1 p50 is
 measured too) and ``unbatched_pool`` (unbatched with ``single_thread = "never"``: every run on
-the pool session, none on the one-thread session of ``scheduler/single_thread.py``). Per configuration: rows/s at c=16, its ratio to in-process
+the pool session, none on the one-thread session of ``scheduler/single_thread.py``).
+Per configuration: rows/s at c=16, its ratio to in-process
 ORT one request at a time, the batching gain (batched over unbatched), and the daemon's
 CPU share (CPU seconds per wall second from ``/proc/<pid>/stat``, 1.0 = one core) over a
 few idle seconds after warm-up and during its c=16 side. In-process ORT is also timed

@@ -177,7 +177,8 @@ async def test_default_configuration_serves_a_small_cnn_with_both_sessions_measu
     key = "input:1x3x32x32"
     try:
         async with sched:
-            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]  # one-row runs; the pool is measured first
+            # One-row runs, one at a time; the pool is measured first.
+            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]
             pool_ms = switch.snapshot()["ms_per_row"][key]["pool"]
             short = pool_ms <= MAX_RUN_MS  # the CNN's run is far under it, unless this machine is swamped
             if short:  # the one-thread session is being built
