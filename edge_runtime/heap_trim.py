@@ -5,7 +5,9 @@ background thread) allocates in that thread's own glibc malloc arena: the ONNX g
 optimisation passes, the prepacked weights. Most of it is freed when the load returns, but the
 arena keeps its pages, and the daemon's idle RSS stays ~8 MiB higher for a 0.5 MB model
 (measured on the PP-OCR classifier: +7-11 MiB without a trim, +3.3 MiB with one, which is
-the session itself). glibc's ``malloc_trim(0)`` returns the free pages of every arena.
+the session itself). The daemon's start is the same burst on the main thread: loading the
+repository parses and optimises every graph. glibc's ``malloc_trim(0)`` returns the free pages
+of every arena.
 Python has no binding for it; other C libraries (Android's bionic, musl) lack it and are left
 as they are.
 """
