@@ -27,7 +27,8 @@ CPU plans are compiled with the intra-op threads of ``workers.cpu_split``, so
 the cpu worker's concurrent runs never oversubscribe the cores, and with the
 model's spin policy (``[scheduler] spin``, ``spin.py``: under ``load``, a small model
 served with a load monitor also gets a non-spinning twin session for the times
-other processes hold the cores). Models of one
+other processes hold the cores), and a small model on 2+ threads a switch to a one-thread
+session for the input shapes it runs cheaper (``single_thread.py``). Models of one
 ``Runtime`` share one set of device workers.
 """
 

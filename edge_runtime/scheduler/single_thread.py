@@ -214,7 +214,8 @@ class SingleThreadSwitch:
 
 
 def _key_of(feeds: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
-    """(the feeds' names and shapes, the rows of a run: dim 0 of the first input, 1 for a scalar)."""
+    """(the feeds' names and shapes, the rows of a run: dim 0 of the first input by name, 1 for a scalar;
+    batched inputs share dim 0, so any one of them says it)."""
     key = tuple(sorted((name, tuple(np.shape(value))) for name, value in feeds.items()))
     first = key[0][1] if key else ()
     return key, int(first[0]) if first and first[0] > 0 else 1
