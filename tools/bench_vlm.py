@@ -22,6 +22,12 @@ parts ``convert --quantize`` writes (transformers.js suffixes; written into the 
 when missing), reported apart as ``edge_runtime_quantized`` / ``ttft_ratio_quantized`` — the
 transformers side stays fp32, so that ratio is not an fp32 comparison.
 
+``--keep-images N`` keeps the screenshots of the last N user turns in the history (UI-TARS-style
+agents keep up to five) instead of only the newest: each step then resends N - 1 screenshots the
+model has seen, after a history whose oldest screenshot was just stripped, so the prefix cache holds
+only the text before it; edge-runtime's image feature cache (``[vision] feature_cache_bytes``) spares
+their encoder runs (``images_cached`` per step), transformers encodes every image of every request.
+
 After the episode, the same warm models take the first step of a next episode (the same system
 prompt, a new screenshot): row ``step`` "1 (next episode)". A daemon serves many episodes, and
 from the second on its prefix cache holds the system prompt; the episode's own step 1 is the
@@ -32,7 +38,7 @@ Goals (issue 22): time to first token <= 0.5x transformers' at every step; steps
 prefill only their new tokens (prefix-cache hits). Prints JSON, writes a PNG.
 
 Usage: ``python tools/bench_vlm.py [--quick] [--threads 2] [--rounds 2] [--precision PART=NAME,...]
-[--out bench-results/vlm]``
+[--keep-images 1] [--out bench-results/vlm]``
 """
 
 from __future__ import annotations
@@ -144,13 +150,17 @@ def system_prompt(words: int = 550) -> str:
     return "You are a phone agent. " + " ".join(rng.choice(vocab, words))
 
 
-def messages(step: int, system: str, image: Any) -> list[dict[str, Any]]:
-    """Step ``step``'s request: earlier turns as text only, the newest user turn with its screenshot."""
+def messages(step: int, system: str, shots: list[Any], keep: int = 1) -> list[dict[str, Any]]:
+    """Step ``step``'s request: ``shots[i]`` is user turn ``i``'s screenshot (``step + 1`` of them); the
+    last ``keep`` user turns carry theirs, earlier turns are text only (agents strip old screenshots)."""
     turns: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    for earlier in range(step):
-        turns += [{"role": "user", "content": STEP_TEXT[earlier]}, {"role": "assistant", "content": ANSWER}]
-    turns.append({"role": "user", "content": [{"type": "image", "image": image},
-                                              {"type": "text", "text": STEP_TEXT[step]}]})
+    for turn in range(step + 1):
+        text = STEP_TEXT[turn]
+        content: Any = ([{"type": "image", "image": shots[turn]}, {"type": "text", "text": text}]
+                        if turn > step - keep else text)
+        turns.append({"role": "user", "content": content})
+        if turn < step:
+            turns.append({"role": "assistant", "content": ANSWER})
     return turns
 
 
@@ -168,13 +178,15 @@ class Transformers:
         import torch
 
         started = time.perf_counter()
-        image = next(p["image"] for p in turns[-1]["content"] if p["type"] == "image")
-        pixels = self.images(images=[image], return_tensors="pt")
-        tokens = int(pixels["image_grid_thw"].prod()) // 4
+        images = [p["image"] for t in turns if isinstance(t["content"], list) for p in t["content"]
+                  if p["type"] == "image"]
+        pixels = self.images(images=images, return_tensors="pt")
         shaped = [{**t, "content": [{"type": "image"} if p["type"] == "image" else p for p in t["content"]]}
                   if isinstance(t["content"], list) else t for t in turns]
         text = self.tokenizer.apply_chat_template(shaped, tokenize=False, add_generation_prompt=True)
-        text = text.replace("<|image_pad|>", "<|image_pad|>" * tokens)
+        parts = text.split("<|image_pad|>")  # each image's pad repeated to its own token count
+        counts = [int(grid.prod()) // 4 for grid in pixels["image_grid_thw"]]
+        text = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:]))
         ids = self.tokenizer(text, return_tensors="pt")
         prepared = time.perf_counter()
         inputs = dict(**ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
@@ -217,6 +229,7 @@ def edge_model(folder: Path, threads: int, max_pixels: int, precision: dict[str,
 
 
 def edge_step(model: Any, turns: list[dict[str, Any]], new_tokens: int) -> dict[str, float]:
+    reused = model.prompter.features.stats().hits
     result = model.generate(messages=turns, max_tokens=new_tokens, ignore_eos=True)
     t = result.timings
     decode_s = result.elapsed_s - (result.time_to_first_token_s or 0)
@@ -224,16 +237,17 @@ def edge_step(model: Any, turns: list[dict[str, Any]], new_tokens: int) -> dict[
             "vision_encode_ms": t.vision_encode_ms, "prefill_ms": t.prefill_ms,
             "first_token_ms": t.first_token_ms - t.prepare_ms - t.queue_ms - t.prefill_ms,
             "prompt_tokens": result.usage.prompt_tokens, "cached_tokens": result.usage.cached_tokens,
+            "images_cached": model.prompter.features.stats().hits - reused,
             "decode_tokens_per_s": (new_tokens - 1) / max(decode_s, 1e-9)}
 
 
 def best(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Per key the best of the rounds (least time, most tokens/s); token counts from the first round."""
+    """Per key the best of the rounds (least time, most tokens/s); counts (tokens, images) from the first round."""
     out = {}
     for key in rows[0]:
         values = [r[key] for r in rows]
-        out[key] = (max(values) if key.endswith("per_s") else values[0] if "tokens" in key and "per_s" not in key
-                    else min(values))
+        count = ("tokens" in key or key.startswith("images")) and not key.endswith("per_s")
+        out[key] = max(values) if key.endswith("per_s") else values[0] if count else min(values)
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -246,7 +260,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if quantized:
         add_quantized_parts(folder)
     system, steps = system_prompt(120 if args.quick else 550), 2 if args.quick else 5
-    report: dict[str, Any] = {"threads": args.threads, "new_tokens": args.new_tokens,
+    report: dict[str, Any] = {"threads": args.threads, "new_tokens": args.new_tokens, "keep_images": args.keep_images,
                               "quantized_precision": quantized, "budgets": {}}
     sides = {"edge_runtime": {}, **({"edge_runtime_quantized": quantized} if quantized else {})}
     for label, max_pixels in BUDGETS.items():
@@ -259,7 +273,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       for side, precision in sides.items()}
             try:
                 for step in range(steps + 1):  # sides interleaved step by step
-                    turns = messages(step % steps, system, screenshot(step))
+                    # the next episode's first step (step == steps): a new screenshot, no history
+                    shots = [screenshot(s) for s in range(step + 1)] if step < steps else [screenshot(step)]
+                    turns = messages(step % steps, system, shots, args.keep_images)
                     for side, model in models.items():
                         timings[side][step].append(edge_step(model, turns, args.new_tokens))
                     timings["transformers"][step].append(hf_side.step(turns, args.new_tokens))
@@ -319,12 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--keep-images", type=int, default=1, metavar="N",
+                        help="screenshots of the last N user turns stay in the history (default 1: the newest only)")
     parser.add_argument("--precision", default="", metavar="PART=NAME,...",
                         help="also run edge-runtime on these quantized parts (e.g. decoder=q8,vision_encoder=q8), "
                              "reported apart from the fp32 side; transformers stays fp32")
     parser.add_argument("--models", default=str(Path.home() / ".cache" / "edge-runtime" / "bench-vlm"))
     parser.add_argument("--out", default="bench-results/vlm")
     args = parser.parse_args(argv)
+    if args.keep_images < 1:
+        parser.error(f"--keep-images must be >= 1, got {args.keep_images}")
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """What a generative model holds in memory: its charge against the daemon's ``[memory]`` budget.
 
-A served decoder is charged three parts, each under the model's name:
+A served decoder is charged three parts (a vision-language model four), each under the model's name:
 
 * ``weights``: its model files (``model.onnx`` and its external data; a vision-language model's
   decoder, embed_tokens and vision encoder files) times the budget's ``footprint_factor``, as a
@@ -10,7 +10,9 @@ A served decoder is charged three parts, each under the model's name:
   ``max_batch_size`` — 1 for a model without ``position_ids`` — positions is the model's context
   capped by ``max_seq_len``, and a token costs 2 × layers × kv heads × head dim × dtype size);
 * ``prefix_cache``: the prefix cache's cap, ``prefix_cache_bytes``: the cache fills up to it and
-  keeps it, so the cap is what it may take.
+  keeps it, so the cap is what it may take;
+* ``image_cache`` (vision-language models): the image feature cache's cap, ``[vision]
+  feature_cache_bytes``, for the same reason.
 
 ``planned_footprint`` computes them from the folder and settings before anything is allocated
 (the budget makes room first); ``loaded_footprint`` reads the same parts from a loaded model (its
@@ -37,19 +39,24 @@ class GenerationFootprint:
     weights_bytes: int
     kv_cache_bytes: int
     prefix_cache_bytes: int
+    image_cache_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.prefix_cache_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.prefix_cache_bytes + self.image_cache_bytes
 
     def parts(self) -> dict[str, int]:
-        return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,
-                "prefix_cache": self.prefix_cache_bytes}
+        parts = {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,
+                 "prefix_cache": self.prefix_cache_bytes}
+        if self.image_cache_bytes:
+            parts["image_cache"] = self.image_cache_bytes
+        return parts
 
     def describe(self) -> str:
-        """``weights W + KV cache K + prefix cache P = T bytes``, for error messages."""
+        """``weights W + KV cache K + prefix cache P [+ image feature cache I] = T bytes``, for errors."""
+        image = f" + image feature cache {self.image_cache_bytes}" if self.image_cache_bytes else ""
         return (f"weights {self.weights_bytes} + KV cache {self.kv_cache_bytes} + prefix cache "
-                f"{self.prefix_cache_bytes} = {self.total_bytes} bytes")
+                f"{self.prefix_cache_bytes}{image} = {self.total_bytes} bytes")
 
 
 def kv_positions(folder: DecoderFolder, settings: GenerationSettings) -> int:
@@ -73,12 +80,21 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
     from edge_runtime.generation.folder import read_folder
     from edge_runtime.generation.vision.folder import is_vlm_folder, read_vlm_folder
 
-    folder = read_vlm_folder(path, vision).decoder if is_vlm_folder(path) else read_folder(path)
+    image_cache = 0
+    if is_vlm_folder(path):
+        from edge_runtime.generation.vision.settings import VisionSettings
+
+        folder = read_vlm_folder(path, vision).decoder
+        image_cache = (vision or VisionSettings()).feature_cache_bytes
+    else:
+        folder = read_folder(path)
     kv = kv_buffer_bytes(folder, decode_rows(folder, settings.max_batch_size), kv_positions(folder, settings))
-    return GenerationFootprint(int(folder.weight_bytes * footprint_factor), kv, settings.prefix_cache_bytes)
+    return GenerationFootprint(int(folder.weight_bytes * footprint_factor), kv, settings.prefix_cache_bytes,
+                               image_cache)
 
 
 def loaded_footprint(model: "GenerativeModel", footprint_factor: float) -> GenerationFootprint:
-    """The same parts, read from a loaded model: its KV buffers as allocated, its prefix cache's cap."""
+    """The same parts, read from a loaded model: its KV buffers as allocated, its caches' caps."""
+    features = getattr(model.prompter, "features", None)
     return GenerationFootprint(int(model.folder.weight_bytes * footprint_factor), model.kv_cache_bytes,
-                               model.prefix_cache.budget_bytes)
+                               model.prefix_cache.budget_bytes, features.budget_bytes if features is not None else 0)

@@ -12,6 +12,8 @@
 | edge_runtime_image_preprocess_seconds{model} | histogram: a request's image decode + preprocess time (vision-language models) |
 | edge_runtime_vision_encode_seconds{model} | histogram: a request's vision-encoder time (encode, embed, splice) |
 | edge_runtime_images_total{model}, edge_runtime_image_tokens_total{model} | images read, and the prompt tokens they became |
+| edge_runtime_image_feature_cache_hits_total{model} / _misses_total | images whose encoder output was reused / encoded (the cache on) |
+| edge_runtime_image_feature_cache_bytes{model}, edge_runtime_image_feature_cache_budget_bytes{model} | feature rows kept / allowed |
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class GenerationCollector:
         images = CounterMetricFamily("edge_runtime_images", "Images read by the model", labels=("model",))
         image_tokens = CounterMetricFamily("edge_runtime_image_tokens", "Prompt tokens the images became",
                                            labels=("model",))
+        feature_cache = {name: family(f"edge_runtime_image_feature_cache_{name}", doc, labels=("model",))
+                         for name, family, doc in (
+                             ("hits", CounterMetricFamily, "Images whose vision-encoder output was reused"),
+                             ("misses", CounterMetricFamily, "Images encoded while the feature cache was on"),
+                             ("bytes", GaugeMetricFamily, "Bytes of image features the cache holds"),
+                             ("budget_bytes", GaugeMetricFamily, "Byte budget of the image feature cache"))}
         for name, model in sorted(models.items()):
             stats = getattr(model, "vision_stats", None)
             if stats is not None and model.is_multimodal:
@@ -61,6 +69,12 @@ class GenerationCollector:
                     family.add_metric([name], [(_bound(b), c) for b, c in snap.buckets], snap.total_s)
                 images.add_metric([name], count)
                 image_tokens.add_metric([name], tokens_of_images)
+            features = getattr(model.prompter, "features", None)  # onnxruntime-genai VLMs encode inside genai
+            if features is not None:
+                held = features.stats()
+                for key, value in (("hits", held.hits), ("misses", held.misses), ("bytes", held.bytes),
+                                   ("budget_bytes", held.budget_bytes)):
+                    feature_cache[key].add_metric([name], value)
 
             cache = model.prefix_cache.stats()
             for key, value in (("lookups", cache.lookups), ("hits", cache.hits), ("saved_tokens", cache.hit_tokens),
@@ -76,7 +90,7 @@ class GenerationCollector:
             tokens.add_metric([name, "prefill"], batch.prefill_tokens)
             kv.add_metric([name], model.kv_cache_bytes)
         yield from (*counters.values(), *gauges.values(), sequences, tokens, kv, preprocess, encode, images,
-                    image_tokens)
+                    image_tokens, *feature_cache.values())
 
 
 def _bound(value: float) -> str:

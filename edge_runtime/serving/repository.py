@@ -276,10 +276,11 @@ class ModelRepository:
             from edge_runtime.generation.footprint import GenerationFootprint
 
             described = GenerationFootprint(parts.get("weights", 0), parts.get("kv_cache", 0),
-                                            parts.get("prefix_cache", 0)).describe()
+                                            parts.get("prefix_cache", 0), parts.get("image_cache", 0)).describe()
+            vision = " ([vision] feature_cache_bytes)" if parts.get("image_cache") else ""
             raise ModelLoadError(f"model {name!r} needs {described} (version(s) {selected}), more than the whole "
                                  f"memory budget of {budget} bytes ([memory] budget_bytes): lower its [generation] "
-                                 "max_batch_size, max_seq_len or prefix_cache_bytes, or raise the budget")
+                                 f"max_batch_size, max_seq_len or prefix_cache_bytes{vision}, or raise the budget")
         return planned
 
     def _make_room(self, name: str, planned: Mapping[int, Mapping[str, int]]) -> None:

@@ -171,22 +171,35 @@ def test_metrics_count_the_image_work(server: LiveServer) -> None:
         with urllib.request.urlopen(base_url(server) + "/metrics") as response:
             text = response.read().decode()
         wanted = ("edge_runtime_image_preprocess_seconds_count", "edge_runtime_vision_encode_seconds_sum",
-                  "edge_runtime_image_tokens_total", "edge_runtime_images_total")
+                  "edge_runtime_image_tokens_total", "edge_runtime_images_total",
+                  "edge_runtime_image_feature_cache_hits_total", "edge_runtime_image_feature_cache_misses_total",
+                  "edge_runtime_image_feature_cache_bytes")
         return {name: float(line.split()[-1]) for line in text.splitlines() for name in wanted
                 if line.startswith(name + '{model="agent"}')}
 
     messages = _messages(_url(_png(4)))
-    prepared = _model(server).prepare(messages=messages)  # the image tokens this request will cost (counted too)
     before = scrape()
     _client(base_url(server)).chat.completions.create(model="agent", messages=messages, max_tokens=2,
                                                       temperature=0)
     after = scrape()
+    prepared = _model(server).prepare(messages=messages)  # the image tokens this request cost (a cache hit)
     assert after["edge_runtime_images_total"] - before.get("edge_runtime_images_total", 0) == 1
     assert after["edge_runtime_image_tokens_total"] - before.get("edge_runtime_image_tokens_total", 0) \
         == prepared.image_timings.image_tokens
     assert after["edge_runtime_image_preprocess_seconds_count"] > before.get(
         "edge_runtime_image_preprocess_seconds_count", 0)
     assert after["edge_runtime_vision_encode_seconds_sum"] > before.get("edge_runtime_vision_encode_seconds_sum", 0)
+    # The screenshot was new: encoded and kept. Sent again (a chat resends its history), it is not encoded.
+    assert after["edge_runtime_image_feature_cache_misses_total"] \
+        == before.get("edge_runtime_image_feature_cache_misses_total", 0) + 1
+    assert after["edge_runtime_image_feature_cache_bytes"] > 0
+    hits = after["edge_runtime_image_feature_cache_hits_total"] + 1  # prepare() above was one
+    _client(base_url(server)).chat.completions.create(model="agent", messages=messages, max_tokens=2,
+                                                      temperature=0)
+    again = scrape()
+    assert again["edge_runtime_image_feature_cache_hits_total"] == hits + 1
+    misses = "edge_runtime_image_feature_cache_misses_total"
+    assert again[misses] == after[misses]
 
 
 def test_bad_images_get_named_400s_and_the_model_keeps_answering(server: LiveServer) -> None:

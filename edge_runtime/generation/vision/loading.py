@@ -34,6 +34,7 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     from edge_runtime.generation.footprint import kv_positions
     from edge_runtime.generation.vision.embeddings import TokenEmbedder
     from edge_runtime.generation.vision.encoder import VisionEncoder
+    from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
     from edge_runtime.generation.vision.preprocess import image_processor
 
     vision = vision or VisionSettings()
@@ -45,7 +46,8 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     typical = processor.process(typical_screenshot(), "typical image").feeds if loader is not None else None
     encoder = VisionEncoder(vlm.vision_path, vlm.hidden_size, loader=loader, plan=vision.plan, typical=typical,
                             threads=threads)
-    prompter = VisionPrompter(vlm, tokenizer, processor, encoder, embedder, vision.access, vision.max_images)
+    prompter = VisionPrompter(vlm, tokenizer, processor, encoder, embedder, vision.access, vision.max_images,
+                              ImageFeatureCache(vision.feature_cache_bytes))
     return VisionParts(vlm, engine, prompter)
 
 

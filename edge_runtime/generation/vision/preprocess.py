@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from PIL import Image
 
+    from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
     from edge_runtime.generation.vision.images import ImageAccess
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
@@ -107,19 +108,24 @@ class ImageProcessor:
 
 @dataclass(frozen=True)
 class PreparedImage:
-    """An input decoded and preprocessed, with its content digest and the two times taken."""
+    """An input decoded and preprocessed, with its content digest and the two times taken.
+
+    ``features``: its encoder output when ``ImageFeatureCache`` had it (``processed`` then has no feeds).
+    """
 
     processed: ProcessedImage
     digest: bytes
     decode_s: float
     preprocess_s: float
+    features: np.ndarray | None = None
 
 
 def prepare_image(source: Image.Image | bytes | str | os.PathLike, where: str, access: ImageAccess,
-                  processor: ImageProcessor) -> PreparedImage:
+                  processor: ImageProcessor, cache: ImageFeatureCache | None = None) -> PreparedImage:
     """Decode (``images.load_image``), hash and preprocess one image input, timing each part.
 
-    For the engine's metrics (image decode + preprocess histogram) and prefix-cache keys.
+    For the engine's metrics (image decode + preprocess histogram) and prefix-cache keys. An image
+    found in ``cache`` is not preprocessed: it comes with its features.
     """
     from edge_runtime.generation.vision.images import image_digest, load_image
 
@@ -127,6 +133,9 @@ def prepare_image(source: Image.Image | bytes | str | os.PathLike, where: str, a
     image = load_image(source, where, access)
     digest = image_digest(image)
     decoded = time.perf_counter()
+    hit = cache.get(digest) if cache is not None else None
+    if hit is not None:
+        return PreparedImage(hit.processed, digest, decoded - start, 0.0, hit.features)
     processed = processor.process(image, where)
     return PreparedImage(processed, digest, decoded - start, time.perf_counter() - decoded)
 

@@ -5,10 +5,12 @@ through ``asyncio.to_thread``), so decoding, preprocessing and encoding a
 screenshot never run on the batcher's thread and never stall running streams:
 
 1. decode and preprocess each image (``preprocess.prepare_image``: RGB, the
-   encoder's feeds, the image's token count and content digest);
+   encoder's feeds, the image's token count and content digest), unless the
+   ``ImageFeatureCache`` holds that content already;
 2. expand each image placeholder of the rendered text into the image's tokens
    and tokenise;
-3. encode each image (``VisionEncoder``), embed the prompt's tokens
+3. encode each image not found in the cache (``VisionEncoder``; then kept in
+   the cache), embed the prompt's tokens
    (``TokenEmbedder``) and splice the features in at the image tokens;
 4. M-RoPE positions and ``rope_delta`` for the Qwen families;
 5. the prefix-cache key: the prompt ids with each image's tokens replaced by
@@ -34,10 +36,11 @@ if TYPE_CHECKING:
     from edge_runtime.generation.chat import ChatTokenizer
     from edge_runtime.generation.vision.embeddings import TokenEmbedder
     from edge_runtime.generation.vision.encoder import VisionEncoder
+    from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
     from edge_runtime.generation.vision.folder import VLMFolder
     from edge_runtime.generation.vision.images import ImageAccess
     from edge_runtime.generation.vision.messages import ImageInput
-    from edge_runtime.generation.vision.preprocess import ImageProcessor
+    from edge_runtime.generation.vision.preprocess import ImageProcessor, PreparedImage
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,11 @@ class ImageTimings:
     decode_ms: float = 0.0  # reading and decoding the images
     preprocess_ms: float = 0.0  # resizing, normalising, patching
     encode_ms: float = 0.0  # the vision encoder, embedding and splice
+    cached_images: int = 0  # images whose features came from the ImageFeatureCache (not encoded)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"images": self.images, "image_tokens": self.image_tokens, "image_decode_ms": round(self.decode_ms, 3),
+        return {"images": self.images, "images_cached": self.cached_images, "image_tokens": self.image_tokens,
+                "image_decode_ms": round(self.decode_ms, 3),
                 "image_preprocess_ms": round(self.preprocess_ms, 3), "vision_encode_ms": round(self.encode_ms, 3)}
 
 
@@ -74,8 +79,12 @@ class VisionPrompter:
     """Builds ``VisionPrompt``s for one VLM; thread-safe (its parts are)."""
 
     def __init__(self, vlm: "VLMFolder", tokenizer: "ChatTokenizer", processor: "ImageProcessor",
-                 encoder: "VisionEncoder", embedder: "TokenEmbedder", access: "ImageAccess", max_images: int) -> None:
+                 encoder: "VisionEncoder", embedder: "TokenEmbedder", access: "ImageAccess", max_images: int,
+                 features: "ImageFeatureCache | None" = None) -> None:
+        from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
+
         self.vlm = vlm
+        self.features = features if features is not None else ImageFeatureCache(0)
         self.tokenizer = tokenizer
         self.processor = processor
         self.encoder = encoder
@@ -122,11 +131,11 @@ class VisionPrompter:
             started = time.perf_counter()
             source = image_from_url(image.source, image.where, self.access) if image.is_url else image.source
             fetch_s += time.perf_counter() - started
-            prepared.append(prepare_image(source, image.where, self.access, self.processor))
+            prepared.append(prepare_image(source, image.where, self.access, self.processor, self.features))
         expanded = self.processor.expand(text, [p.processed for p in prepared])
         ids = self.tokenizer.tokenizer.encode(expanded, add_special_tokens=add_special_tokens).ids
         started = time.perf_counter()
-        features = [self.encoder.encode(p.processed.feeds, p.processed.num_tokens) for p in prepared]
+        features = [p.features if p.features is not None else self._encode(p) for p in prepared]
         rows = np.concatenate(features) if features else np.zeros((0, self.vlm.hidden_size), np.float32)
         embeds = splice_image_features(ids, self.embedder.embed(ids), rows,
                                        image_token_id=self.vlm.image_token_id)
@@ -148,5 +157,12 @@ class VisionPrompter:
                 key[i] = mark
             image_tokens += p.processed.num_tokens
         timings = ImageTimings(len(prepared), image_tokens, (fetch_s + sum(p.decode_s for p in prepared)) * 1e3,
-                               sum(p.preprocess_s for p in prepared) * 1e3, (encoded - started) * 1e3)
+                               sum(p.preprocess_s for p in prepared) * 1e3, (encoded - started) * 1e3,
+                               sum(p.features is not None for p in prepared))
         return VisionPrompt(ids, expanded, EmbeddedPrompt(embeds, positions, delta), key, timings)
+
+    def _encode(self, prepared: "PreparedImage") -> np.ndarray:
+        """The encoder's rows for one image, kept in the feature cache for the next prompt with it."""
+        features = self.encoder.encode(prepared.processed.feeds, prepared.processed.num_tokens)
+        self.features.put(prepared.digest, prepared.processed, features)
+        return features

@@ -9,6 +9,7 @@
                                   # a part left out: the first file present in PRECISION_ORDER
     plan = "auto"                 # where the vision encoder runs: cpu, gpu, hybrid, auto (Runtime.load's plans)
     max_images = 8                # images in one request at most
+    feature_cache_bytes = 67108864  # encoder output of recent images, reused when one is sent again (0 = off)
 
 The same table holds the image budget (``max_pixels``, ``min_pixels``,
 ``longest_edge``, ``split_image``: ``preprocess.VisionBudget``) and what image
@@ -42,6 +43,7 @@ class VisionSettings:
     precision: str | Mapping[str, str] = field(default_factory=dict)
     plan: str = "auto"
     max_images: int = 8
+    feature_cache_bytes: int = 64 * 1024 * 1024
     budget: VisionBudget = field(default_factory=VisionBudget)
     access: ImageAccess = field(default_factory=ImageAccess)
 
@@ -58,13 +60,16 @@ class VisionSettings:
             raise ConfigError(f"[vision] plan must be one of {list(PLANS)}, got {self.plan!r}")
         if self.max_images < 1:
             raise ConfigError(f"[vision] max_images must be >= 1, got {self.max_images}")
+        if isinstance(self.feature_cache_bytes, bool) or not isinstance(self.feature_cache_bytes, int) \
+                or self.feature_cache_bytes < 0:
+            raise ConfigError(f"[vision] feature_cache_bytes must be an integer >= 0, got {self.feature_cache_bytes!r}")
 
     def precision_of(self, part: str) -> str | None:
         """The precision set for ``part``, or None (choose the first file present)."""
         return self.precision.get(part)  # type: ignore[union-attr]
 
 
-ENGINE_KEYS = ("precision", "plan", "max_images")
+ENGINE_KEYS = ("precision", "plan", "max_images", "feature_cache_bytes")
 
 
 def vision_settings(extra: Mapping[str, Any], where: str) -> VisionSettings:
