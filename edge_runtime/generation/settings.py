@@ -9,7 +9,7 @@
                                   # 0 = max_batch_size * max_seq_len
     max_seq_len = 4096            # cap on the model's context length (sizes the KV buffers)
     prefill_chunk_tokens = 256    # a prompt is prefilled in chunks this long between decode steps
-    idle_prefill_chunk_tokens = 1024  # ... and up to this long while no stream is decoding (nobody
+    idle_prefill_chunk_tokens = 512  # ... and up to this long while no stream is decoding (nobody
                                   # waits between chunks; capped so the chunk's logits stay <= 64 MiB);
                                   # 0 = always prefill_chunk_tokens
     prefix_cache_bytes = 67108864 # KV of prompt prefixes kept across requests (0 = off)
@@ -43,10 +43,13 @@ class GenerationSettings:
     kv_budget_tokens: int = 0
     max_seq_len: int = 4096
     prefill_chunk_tokens: int = 256
-    # Longer chunks run the same matrix products in fewer, larger calls (1.07x prefill from 256 to 1,024
-    # on the VLM benchmark's decoder, tools/bench_vlm_decoder.py); bounded because a chunk's attention
-    # scores grow with chunk x context.
-    idle_prefill_chunk_tokens: int = 1024
+    # Longer chunks run the same matrix products in fewer, larger calls, but ONNX Runtime's CPU
+    # GroupQueryAttention computes and keeps a chunk's whole chunk x context score matrix (the causal
+    # half too). Which wins depends on the CPU: on an AMD Zen 4 host 1,024-token chunks prefilled
+    # 1.07x faster than 256; on an Intel Xeon with AVX-512 (the VLM benchmark's decoder, 600-2,886
+    # prompt tokens, 2 threads) 256 beat 1,024 by 1.13-1.29x and 512 was within 0.93-1.0x of 256.
+    # 512 (llama.cpp's default micro-batch too) keeps most of either gain.
+    idle_prefill_chunk_tokens: int = 512
     prefix_cache_bytes: int = 64 * 1024 * 1024
     prefix_block_tokens: int = 16
     threads: int = 0
