@@ -59,7 +59,8 @@ def test_a_zero_budget_keeps_and_counts_nothing() -> None:
     cache = ImageFeatureCache(0)
     assert not cache.put(b"a", _processed(), np.zeros((4, 16), np.float32))
     assert cache.get(b"a") is None
-    assert cache.stats() == cache.stats().__class__(0, 0, 0, 0, 0, 0)
+    assert cache.stats() == cache.stats().__class__(0, 0, 0, 0, 0, 0, 0)
+    assert cache.source_key("data:image/png;base64,AAAA") is None  # off: not even hashed
     with pytest.raises(ValueError, match="budget_bytes must be >= 0"):
         ImageFeatureCache(-1)
 
@@ -109,6 +110,56 @@ def _turn(role: str, text: str, image=None) -> dict:
 
 def _encoded(model) -> int:
     return model.prompter.features.stats().misses
+
+
+def _data_url(image, **save) -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", **save)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _url_turn(text: str, url: str) -> dict:
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": text}]}
+
+
+def test_the_same_data_url_is_not_even_decoded_again(vlm_factory) -> None:
+    model = vlm_factory(prefix_cache_bytes=0)
+    plain = vlm_factory(prefix_cache_bytes=0, feature_cache_bytes=0)
+    screen = _image(30)
+    first = [_turn("system", SYSTEM), _url_turn("What should I tap?", _data_url(screen))]
+    answer = model.generate(messages=first, max_tokens=4, ignore_eos=True)
+    # The same screen saved again with other PNG settings: other bytes, the same pixels.
+    second = [*first, _turn("assistant", answer.text),
+              _url_turn("Did it work?", _data_url(screen, compress_level=1))]
+    result = model.generate(messages=second, max_tokens=6, ignore_eos=True)
+    stats = model.prompter.features.stats()
+    # the resent URL found by its data, the re-saved PNG by its pixels
+    assert (stats.misses, stats.hits, stats.source_hits) == (1, 2, 1)
+    assert result.timings.image_decode_ms > 0  # the re-saved PNG was decoded
+    assert list(result.token_ids) == list(plain.generate(messages=second, max_tokens=6, ignore_eos=True).token_ids)
+    again = model.generate(messages=first, max_tokens=4, ignore_eos=True)
+    assert model.prompter.features.stats().source_hits == 2 and again.token_ids == answer.token_ids
+
+
+def test_a_data_key_of_an_evicted_image_finds_nothing() -> None:
+    from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
+
+    cache = ImageFeatureCache(256)
+    key = cache.source_key(b"png bytes")
+    assert key == cache.source_key(bytearray(b"png bytes")) and key != cache.source_key(b"other bytes")
+    assert cache.source_key("https://example.com/a.png") is None  # may change behind the same name
+    cache.add_source(key, b"a")  # no entry a yet: nothing remembered
+    cache.put(b"a", _processed(), np.zeros((4, 16), np.float32))
+    assert cache.get_source(key) is None
+    cache.add_source(key, b"a")
+    assert cache.get_source(key).digest == b"a"
+    cache.put(b"b", _processed(), np.zeros((4, 16), np.float32))  # evicts a
+    assert cache.get_source(key) is None
+    assert cache.stats().source_hits == 1
 
 
 def test_a_chat_that_resends_its_screenshot_encodes_it_once(vlm_factory) -> None:

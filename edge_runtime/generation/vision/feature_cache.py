@@ -10,9 +10,12 @@ image — the rows spliced into the prompt — is kept with the preprocessor's
 description of it (token count, grid, prompt text), keyed by the image's
 content digest (``images.image_digest``: mode, size and pixels). A model's
 preprocessing and encoder are fixed while it is loaded, so equal pixels give
-equal rows: a hit skips preprocessing and the encoder, not decoding (the digest
-is of the decoded pixels, so a PNG and a lossless WebP of one screen are one
-entry). Least recently used entries go first under a byte budget
+equal rows: a hit skips preprocessing and the encoder (the digest is of the
+decoded pixels, so a PNG and a lossless WebP of one screen are one entry). An
+image sent as the very same encoded data (a ``data:`` URL or bytes, what chat
+clients resend) is also found by a hash of that data (``source_key``), which
+skips base64 and image decoding too: decoding is deterministic, so equal data
+means equal pixels. Least recently used entries go first under a byte budget
 (``[vision] feature_cache_bytes``; 0 turns the cache off).
 
 Thread-safe: prompts are built on request threads.
@@ -21,6 +24,7 @@ Thread-safe: prompts are built on request threads.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,16 +33,22 @@ import numpy as np
 
 from edge_runtime.generation.vision.preprocess import ProcessedImage
 
+# Encoded-data hashes remembered (16 bytes each, plus their digests): far more than the entries a
+# feature budget holds; a key whose entry was evicted goes when it is next looked up.
+MAX_SOURCES = 4096
+
 
 @dataclass(frozen=True)
 class CachedImage:
     processed: ProcessedImage  # without its feeds: the encoder does not run again
     features: np.ndarray  # [tokens, hidden] float32, read-only
+    digest: bytes  # of the decoded pixels (``images.image_digest``): the prefix cache's image key
 
 
 @dataclass(frozen=True)
 class ImageFeatureCacheStats:
-    hits: int  # images whose features were reused
+    hits: int  # images whose features were reused (source_hits of them found by their encoded data)
+    source_hits: int
     misses: int  # images encoded while the cache was on
     evicted: int
     entries: int
@@ -55,8 +65,51 @@ class ImageFeatureCache:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[bytes, CachedImage] = OrderedDict()
         self._bytes = 0
-        self._hits = self._misses = self._evicted = 0
+        self._sources: OrderedDict[bytes, bytes] = OrderedDict()  # source_key -> digest
+        self._hits = self._misses = self._evicted = self._source_hits = 0
         self._lock = threading.Lock()
+
+    def source_key(self, source: object) -> bytes | None:
+        """A hash of an image input's encoded data (a ``data:`` URL string or bytes), or None for inputs
+        read from elsewhere (a path or an http URL may change behind the same name) or a PIL image."""
+        if self.budget_bytes == 0:
+            return None
+        if isinstance(source, str) and source[:5].lower() == "data:":
+            return hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()[:16]
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return hashlib.sha256(source).digest()[:16]
+        return None
+
+    def get_source(self, key: bytes | None) -> CachedImage | None:
+        """The entry of the image whose encoded data hashed to ``key`` (``source_key``), or None; a
+        miss here is not counted (``get`` by the decoded pixels follows)."""
+        if key is None:
+            return None
+        with self._lock:
+            digest = self._sources.get(key)
+            entry = self._entries.get(digest) if digest is not None else None
+            if entry is None:
+                if digest is not None:  # its entry was evicted
+                    del self._sources[key]
+                return None
+            self._sources.move_to_end(key)
+            self._entries.move_to_end(digest)
+            self._hits += 1
+            self._source_hits += 1
+            return entry
+
+    def add_source(self, key: bytes | None, digest: bytes) -> None:
+        """Remember that the encoded data ``key`` decodes to the image ``digest`` (kept while at most
+        ``MAX_SOURCES`` such keys are)."""
+        if key is None:
+            return
+        with self._lock:
+            if digest not in self._entries:
+                return
+            self._sources[key] = digest
+            self._sources.move_to_end(key)
+            while len(self._sources) > MAX_SOURCES:
+                self._sources.popitem(last=False)
 
     def get(self, digest: bytes) -> CachedImage | None:
         """The entry of the image with content ``digest`` (now the most recently used), or None."""
@@ -77,7 +130,7 @@ class ImageFeatureCache:
         if features.nbytes > self.budget_bytes:
             return False
         features.flags.writeable = False  # shared by every later prompt with this image
-        entry = CachedImage(dataclasses.replace(processed, feeds={}), features)
+        entry = CachedImage(dataclasses.replace(processed, feeds={}), features, digest)
         with self._lock:
             old = self._entries.pop(digest, None)
             if old is not None:  # two requests encoded the same new image at once
@@ -92,5 +145,5 @@ class ImageFeatureCache:
 
     def stats(self) -> ImageFeatureCacheStats:
         with self._lock:
-            return ImageFeatureCacheStats(self._hits, self._misses, self._evicted, len(self._entries), self._bytes,
-                                          self.budget_bytes)
+            return ImageFeatureCacheStats(self._hits, self._source_hits, self._misses, self._evicted,
+                                          len(self._entries), self._bytes, self.budget_bytes)

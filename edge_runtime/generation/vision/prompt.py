@@ -116,7 +116,7 @@ class VisionPrompter:
         placeholders and images that do not pair up).
         """
         from edge_runtime.generation.vision.images import image_from_url
-        from edge_runtime.generation.vision.preprocess import prepare_image
+        from edge_runtime.generation.vision.preprocess import PreparedImage, prepare_image
 
         if len(images) > self.max_images:
             raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
@@ -126,16 +126,25 @@ class VisionPrompter:
         if placeholders != len(images):  # checked before any image is decoded (expand checks it too)
             raise InvalidInputError(f"the prompt has {placeholders} image placeholder(s) "
                                     f"{self.processor.placeholder!r} but {len(images)} image(s) were given")
-        prepared, fetch_s = [], 0.0
+        prepared, sources, fetch_s = [], [], 0.0
         for image in images:
             started = time.perf_counter()
+            key = self.features.source_key(image.source)  # the same data URL again: nothing to decode
+            hit = self.features.get_source(key)
+            if hit is not None:
+                fetch_s += time.perf_counter() - started
+                prepared.append(PreparedImage(hit.processed, hit.digest, 0.0, 0.0, hit.features))
+                continue
             source = image_from_url(image.source, image.where, self.access) if image.is_url else image.source
             fetch_s += time.perf_counter() - started
             prepared.append(prepare_image(source, image.where, self.access, self.processor, self.features))
+            sources.append((key, prepared[-1]))
         expanded = self.processor.expand(text, [p.processed for p in prepared])
         ids = self.tokenizer.tokenizer.encode(expanded, add_special_tokens=add_special_tokens).ids
         started = time.perf_counter()
         features = [p.features if p.features is not None else self._encode(p) for p in prepared]
+        for key, image in sources:  # now in the cache (unless over its budget)
+            self.features.add_source(key, image.digest)
         rows = np.concatenate(features) if features else np.zeros((0, self.vlm.hidden_size), np.float32)
         embeds = splice_image_features(ids, self.embedder.embed(ids), rows,
                                        image_token_id=self.vlm.image_token_id)
