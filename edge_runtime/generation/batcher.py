@@ -195,6 +195,12 @@ class ContinuousBatcher:
 
     # -- the loop (batcher thread) --------------------------------------------------------
     def _loop(self) -> None:
+        from edge_runtime.denormals import flushed_denormals
+
+        with flushed_denormals(self.settings.flush_denormals):  # the engine's runs do part of their work here
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self._wake:
                 while not (self._queue or self._prefilling or self._running):

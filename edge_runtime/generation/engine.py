@@ -49,8 +49,13 @@ def kv_buffer_bytes(folder: DecoderFolder, max_batch: int, max_len: int) -> int:
 class DecoderEngine:
     """Runs the model; ``max_batch`` rows of at most ``max_len`` positions in the decode batch."""
 
-    def __init__(self, folder: DecoderFolder, *, threads: int, max_batch: int, max_len: int) -> None:
+    def __init__(self, folder: DecoderFolder, *, threads: int, max_batch: int, max_len: int,
+                 flush_denormals: bool = False) -> None:
+        """``flush_denormals``: the session's pool threads flush subnormal floats to zero
+        (``edge_runtime.denormals``; the calling thread needs ``flushed_denormals`` as well)."""
         import onnxruntime as ort
+
+        from edge_runtime.denormals import SESSION_ENTRY, thread_mode_kept
 
         self.folder = folder
         if decode_rows(folder, max_batch) < max_batch:
@@ -59,6 +64,8 @@ class DecoderEngine:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        if flush_denormals:
+            options.add_session_config_entry(SESSION_ENTRY, "1")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if folder.keeps_logits:
             # Errors only: ORT warns at every load that an input backed by an initializer (``logits_to_keep``,
@@ -70,7 +77,9 @@ class DecoderEngine:
         # in-process decode the same, HTTP streaming 0.86-0.91x in-process against 0.96-1.0x spinning
         # (each step then wakes sleeping pool threads while the event loop and the client want the cores).
         try:
-            self.session = ort.InferenceSession(str(folder.model_path), options, providers=["CPUExecutionProvider"])
+            with thread_mode_kept():  # ORT flushes the thread that makes its first session flush_denormals
+                self.session = ort.InferenceSession(str(folder.model_path), options,
+                                                    providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ModelLoadError(f"{folder.model_path}: onnxruntime cannot load it ({exc})") from None
         self.past_names, self.present_names = kv_names(folder.kv.layers)

@@ -177,6 +177,7 @@ class GenerativeModel:
             else:
                 self.folder = read_folder(self.path)
                 self.engine = DecoderEngine(self.folder, threads=threads, max_batch=self.settings.max_batch_size,
+                                            flush_denormals=self.settings.flush_denormals,
                                             max_len=kv_positions(self.folder, self.settings))
             self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
             self.batcher = ContinuousBatcher(self.engine, self.settings, self.prefix_cache,

@@ -35,8 +35,9 @@ class EmbeddingDecoderEngine(DecoderEngine):
     """A ``DecoderEngine`` over ``vlm.decoder`` whose token input is ``inputs_embeds``."""
 
     def __init__(self, vlm: VLMFolder, embedder: TokenEmbedder, *, threads: int, max_batch: int,
-                 max_len: int) -> None:
-        super().__init__(vlm.decoder, threads=threads, max_batch=max_batch, max_len=max_len)
+                 max_len: int, flush_denormals: bool = False) -> None:
+        super().__init__(vlm.decoder, threads=threads, max_batch=max_batch, max_len=max_len,
+                         flush_denormals=flush_denormals)
         self.vlm = vlm
         self.embedder = embedder
 

@@ -42,6 +42,7 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     processor = image_processor(vlm.path, vlm.config, vision.budget)
     embedder = TokenEmbedder(vlm.embed_path, vlm.embeds_dtype, threads=threads)
     engine = EmbeddingDecoderEngine(vlm, embedder, threads=threads, max_batch=settings.max_batch_size,
+                                    flush_denormals=settings.flush_denormals,
                                     max_len=kv_positions(vlm.decoder, settings))
     typical = processor.process(typical_screenshot(), "typical image").feeds if loader is not None else None
     encoder = VisionEncoder(vlm.vision_path, vlm.hidden_size, loader=loader, plan=vision.plan, typical=typical,
