@@ -15,7 +15,6 @@ Usage: ``python tools/bench_denormals.py [--threads 2] [--contexts 64 1024] [--r
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ for _path in (ROOT, ROOT / "tools"):
         sys.path.insert(0, str(_path))
 
 from bench_generate import SPEC  # noqa: E402
+from bench_report import publish  # noqa: E402
 from hf_decoders import hf_folder  # noqa: E402
 
 SIDES = {"flushed": True, "ort_default": False}
@@ -100,19 +100,17 @@ def main() -> int:
     summary = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "threads": args.threads,
                "model": {"hidden": SPEC.hidden, "layers": SPEC.layers, "heads": SPEC.heads,
                          "kv_heads": SPEC.kv_heads, "vocab": SPEC.vocab, "dtype": "fp32"}, "cases": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_denormals.json").write_text(json.dumps(summary, indent=2))
-    _plot(rows, args.out / "bench_denormals.png")
-    print(json.dumps(summary, indent=2))
+    publish(summary, args.out, "bench_denormals", _plot)
     return 0
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+def _plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = summary["cases"]
     fig, ax = plt.subplots(figsize=(6, 4))
     x = np.arange(len(rows))
     for offset, name in ((-0.2, "flushed"), (0.2, "ort_default")):
