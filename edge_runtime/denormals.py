@@ -5,8 +5,9 @@ over a long context most weights are far below float32's normal range
 (1.2e-38), and on Intel cores every arithmetic operation on such a subnormal
 number takes a microcode assist of ~100 cycles. Measured here (the 31M fused
 decoder, 2 threads, an Intel Xeon with AVX-512): a decode step at 1,024 tokens
-of context took 8.6 ms with subnormals and 4.9 ms with them flushed, the same
-greedy tokens (``tools/bench_denormals.py``). Inference engines commonly run
+of context took 8.3-9.2 ms with subnormals and 4.3-5.2 ms with them flushed, a
+1,024-token prefill 800 against 295 ms, the same greedy tokens
+(``tools/bench_denormals.py``, two runs). Inference engines commonly run
 their compute threads this way (TensorFlow flushes denormals in its thread
 pools); ONNX Runtime has the switch (``session.set_denormal_as_zero``) but
 applies it to its own pool threads and, once per process, to the thread that

@@ -17,7 +17,7 @@
     prefix_block_tokens = 16      # prefix cache granularity
     threads = 0                   # ONNX Runtime intra-op threads; 0 = the runtime's
     flush_denormals = true        # decode and prefill with subnormal floats flushed to zero (x86-64:
-                                  # 1.7x a decode step at 1,024 tokens of context on an Intel Xeon)
+                                  # 1.75-1.91x a decode step at 1,024 tokens of context on an Intel Xeon)
     tool_parser = ""              # tool-call format: "hermes" (Qwen2.5 <tool_call>) or "json";
                                   # "" = hermes when the chat template mentions <tool_call>, else json
 """
