@@ -64,23 +64,19 @@ def supported() -> bool:
     return _libm() is not None
 
 
-def _set(libm: ctypes.CDLL, bits: int) -> int:
-    """Set the FTZ/DAZ bits of this thread's MXCSR to ``bits``; returns what they were."""
+def _env(libm: ctypes.CDLL) -> _FenvX8664:
     env = _FenvX8664()
     if libm.fegetenv(ctypes.byref(env)) != 0:
         raise OSError("fegetenv failed")
-    before = env.mxcsr & FTZ_DAZ
+    return env
+
+
+def _set(libm: ctypes.CDLL, bits: int) -> None:
+    """Set the FTZ/DAZ bits of this thread's MXCSR to ``bits``."""
+    env = _env(libm)
     env.mxcsr = (env.mxcsr & ~FTZ_DAZ) | bits
     if libm.fesetenv(ctypes.byref(env)) != 0:
         raise OSError("fesetenv failed")
-    return before
-
-
-def _bits(libm: ctypes.CDLL) -> int:
-    env = _FenvX8664()
-    if libm.fegetenv(ctypes.byref(env)) != 0:
-        raise OSError("fegetenv failed")
-    return env.mxcsr & FTZ_DAZ
 
 
 @contextlib.contextmanager
@@ -90,7 +86,7 @@ def thread_mode_kept() -> Iterator[None]:
     if libm is None:
         yield
         return
-    before = _bits(libm)
+    before = _env(libm).mxcsr & FTZ_DAZ
     try:
         yield
     finally:
@@ -100,7 +96,7 @@ def thread_mode_kept() -> Iterator[None]:
 def thread_flushes() -> bool:
     """Whether this thread flushes subnormal floats now."""
     libm = _libm()
-    return libm is not None and _bits(libm) == FTZ_DAZ
+    return libm is not None and _env(libm).mxcsr & FTZ_DAZ == FTZ_DAZ
 
 
 @contextlib.contextmanager
@@ -111,8 +107,6 @@ def flushed_denormals(enabled: bool = True) -> Iterator[bool]:
     if libm is None:
         yield False
         return
-    before = _set(libm, FTZ_DAZ)
-    try:
+    with thread_mode_kept():
+        _set(libm, FTZ_DAZ)
         yield True
-    finally:
-        _set(libm, before)
