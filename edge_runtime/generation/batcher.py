@@ -34,7 +34,7 @@ from edge_runtime.generation.constraints import MaskPrefetch
 from edge_runtime.generation.engine import DecoderEngine
 from edge_runtime.generation.prefix_cache import PrefixCache
 from edge_runtime.generation.sampling import SamplingParams
-from edge_runtime.generation.sequence import Sequence, Sink
+from edge_runtime.generation.sequence import Sequence, Sink, new_token_room
 from edge_runtime.generation.settings import GenerationSettings
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class ContinuousBatcher:
         self.eos = eos
         self._decode = decode
         self.max_len = engine.kv.max_len
+        self.model_context = engine.folder.context_length  # max_len is it capped by [generation] max_seq_len
         self.budget_tokens = settings.kv_budget_tokens or engine.kv.max_batch * self.max_len
         self._queue: collections.deque[Sequence] = collections.deque()
         self._prefilling: list[Sequence] = []
@@ -91,15 +92,7 @@ class ContinuousBatcher:
         """
         if cache_key is not None and len(cache_key) != len(prompt):
             raise ValueError(f"cache_key has {len(cache_key)} ids for a prompt of {len(prompt)}")
-        if not prompt:
-            raise InvalidInputError("the prompt is empty: give at least one token")
-        if len(prompt) >= self.max_len:
-            raise InvalidInputError(f"the prompt is {len(prompt)} tokens; this model's context is {self.max_len} "
-                                    "tokens (the prompt must leave room for at least one new token)")
-        room = self.max_len - len(prompt)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise InvalidInputError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
-                                    f"exceeds this model's context of {self.max_len} tokens")
+        room = new_token_room(len(prompt), params.max_tokens, self.max_len, self.model_context)
         guide = None
         if params.guide is not None:
             if self.grammars is None:

@@ -26,11 +26,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge_runtime.errors import InvalidInputError, ModelLoadError, QueueFullError
+from edge_runtime.errors import ModelLoadError, QueueFullError
 from edge_runtime.generation.batcher import BatcherStats
 from edge_runtime.generation.folder import GENAI_CONFIG, DecoderFolder, KVLayout
 from edge_runtime.generation.sampling import SamplingParams
-from edge_runtime.generation.sequence import Sequence, Sink
+from edge_runtime.generation.sequence import Sequence, Sink, new_token_room
 from edge_runtime.generation.settings import GenerationSettings
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class GenaiBatcher:
         self.eos = frozenset(folder.eos_token_ids)
         self._decode = decode
         self.max_len = min(folder.context_length, settings.max_seq_len)
+        self.model_context = folder.context_length
         self.budget_tokens = self.max_len
         self._queue: collections.deque[Sequence] = collections.deque()
         self._current: Sequence | None = None
@@ -115,13 +116,7 @@ class GenaiBatcher:
                cache_key: list[int] | None = None) -> Sequence:
         """Queue one prompt; ``inputs``: a VLM prompt's named tensors (``genai_vision``);
         ``cache_key`` is ignored (genai keeps no prefix cache of ours)."""
-        if not prompt or len(prompt) >= self.max_len:
-            raise InvalidInputError(f"the prompt is {len(prompt)} tokens; this model's context is {self.max_len} "
-                                    "tokens (the prompt must leave room for at least one new token)")
-        room = self.max_len - len(prompt)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise InvalidInputError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
-                                    f"exceeds this model's context of {self.max_len} tokens")
+        room = new_token_room(len(prompt), params.max_tokens, self.max_len, self.model_context)
         sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink)
         sequence.inputs = inputs
         with self._wake:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Sequence
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.generation.prepared import PreparedPrompt, RequestTimings, request_timings
+from edge_runtime.generation.prepared import PreparedPrompt, PromptEstimate, RequestTimings, request_timings
 from edge_runtime.generation.sampling import SamplingParams, TokenChoice
 from edge_runtime.generation.sequence import Chunk, Usage
 from edge_runtime.generation.settings import GenerationSettings
@@ -252,6 +252,38 @@ class GenerativeModel:
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.folder.vocab_size for t in ids):
             raise InvalidInputError(f"a token-id prompt must hold integers in [0, {self.folder.vocab_size})")
         return PreparedPrompt(ids, self.tokenizer.decode(ids))
+
+    def estimate(self, prompt: str | Sequence[int] | None = None,
+                 messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
+                 tools: Sequence[Any] | None = None) -> PromptEstimate | None:
+        """What ``prepare`` and the prefill of a VLM request with images will cost, before any image
+        is decoded (``VisionPrompter.estimate``): how a router decides where it runs without paying
+        its image work first. None for a model or request without images, or one not estimable
+        cheaply (``prepare`` then reports what is wrong with it)."""
+        from edge_runtime.generation.vision.messages import image_inputs, split_images
+
+        estimator = getattr(self.prompter, "estimate", None)  # onnxruntime-genai's processor gives none
+        if estimator is None or (prompt is None) == (messages is None):
+            return None
+        try:
+            inputs = image_inputs(images)
+            if messages is not None and not inputs:
+                shaped, inputs = split_images(messages)
+                text = self.tokenizer.render(shaped, multimodal=True, tools=list(tools) if tools else None)
+                plain = False
+            elif isinstance(prompt, str):
+                text, plain = prompt, True
+            else:
+                return None
+        except InvalidInputError:
+            return None
+        if not inputs:
+            return None
+        return estimator(text, inputs, add_special_tokens=plain, cached=self.prefix_cache.peek)
+
+    def cached_tokens(self, prepared: PreparedPrompt) -> int:
+        """How many of ``prepared``'s tokens the prefix cache holds now (not counted as a lookup)."""
+        return self.prefix_cache.peek(prepared.cache_key if prepared.cache_key is not None else prepared.ids)
 
     def _prepare_vision(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
                         images: Sequence[Any] | None, tools: Sequence[Any] | None = None) -> PreparedPrompt:

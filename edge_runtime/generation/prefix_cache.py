@@ -88,6 +88,21 @@ class PrefixCache:
         kv = np.concatenate([block.kv for _, block in found], axis=2)
         return matched, [kv[i][None] for i in range(kv.shape[0])]
 
+    def peek(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` a ``lookup`` would match now; not counted, nothing made recent (for
+        estimating a request's cost before deciding where it runs)."""
+        usable = (len(tokens) - 1) // self.block_tokens
+        matched = 0
+        with self._lock:
+            if self.budget_bytes <= 0:
+                return 0
+            for key, chunk in self._keys(tokens, usable):
+                block = self._blocks.get(key)
+                if block is None or block.tokens != chunk:
+                    break
+                matched += self.block_tokens
+        return matched
+
     def insert(self, tokens: Sequence[int], kv: list[np.ndarray]) -> int:
         """Store the full blocks of ``tokens`` whose KV (``2 * layers`` arrays [1, heads, >= n, dim])
         is given and not cached yet; returns how many blocks were added."""

@@ -27,6 +27,21 @@ class PreparedPrompt:
 
 
 @dataclass(frozen=True)
+class PromptEstimate:
+    """What a request will cost here, known before its prompt is prepared (for routing it).
+
+    ``prompt_tokens``: its length with each image's tokens (placeholder text aside: a few tokens
+    off for tiled images); ``cached_tokens``: how many of them the prefix cache holds now (the
+    text before the first image at most); ``image_ms``: its image work still to do here, None
+    when not measured yet.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    image_ms: float | None
+
+
+@dataclass(frozen=True)
 class RequestTimings:
     """Where one request's time to first token went, in milliseconds."""
 

@@ -23,10 +23,33 @@ from typing import Any, Callable
 
 import numpy as np
 
+from edge_runtime.errors import InvalidInputError
 from edge_runtime.generation.detokenizer import IncrementalDetokenizer
 from edge_runtime.generation.sampling import Sampler, SamplingParams, StopMatcher, TokenChoice
 
 _ids = itertools.count(1)
+
+
+def new_token_room(prompt_tokens: int, max_tokens: int | None, context: int, model_context: int) -> int:
+    """How many tokens may follow a prompt of ``prompt_tokens`` in ``context`` positions (the KV
+    buffers' length); InvalidInputError when the prompt or ``max_tokens`` does not fit.
+
+    ``model_context``: the model's own context. Where ``[generation] max_seq_len`` cut it shorter
+    (a memory choice: it sizes the KV buffers), the error says so and how to change it: an agent
+    client sends the same ``max_tokens`` at every step, and the message is all its user sees.
+    """
+    capped = (f" ([generation] max_seq_len = {context} caps the model's {model_context}: raise it, which "
+              f"costs KV memory, to fit more)" if model_context > context else "")
+    if not prompt_tokens:
+        raise InvalidInputError("the prompt is empty: give at least one token")
+    if prompt_tokens >= context:
+        raise InvalidInputError(f"the prompt is {prompt_tokens} tokens; this model's context is {context} "
+                                f"tokens (the prompt must leave room for at least one new token){capped}")
+    room = context - prompt_tokens
+    if max_tokens is not None and max_tokens > room:
+        raise InvalidInputError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds this "
+                                f"model's context of {context} tokens: ask for at most {room} new tokens{capped}")
+    return room
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 from aiohttp import web
 
@@ -172,14 +172,27 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         # A VLM decodes, preprocesses and encodes the images in prepare: up to seconds of work that must
         # not block the event loop, with the model held busy (not unloadable) from before it starts.
         release = loaded.dispatcher.hold()
+
+        def prepare() -> Awaitable[Any]:
+            return asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages,
+                                     tools=tools)
+
         try:
-            prepared = await asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages,
-                                               tools=tools)
+            # With a [cloud] peer the route is chosen before that work (an image sent to the cloud costs
+            # nothing here); a stream only: an async task or an echo must have the prompt up front.
+            estimate = (await asyncio.to_thread(loaded.model.estimate, prompt=parsed.prompt,
+                                                messages=parsed.messages, tools=tools)
+                        if loaded.dispatcher.forwards and not parsed.wants_async and not parsed.echo else None)
+            prepared = None if estimate is not None else await prepare()
         except BaseException:
             release()
             raise
-        prepared_text = prepared.text
-        chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
+        if prepared is None:
+            prepared_text = ""  # chat (no echo): the prompt text is never sent back
+            chunks = loaded.dispatcher.stream_deferred(prepare, estimate, parsed.params, parsed, release)
+        else:
+            prepared_text = prepared.text
+            chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
     else:
         prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools)
         prepared_text = prepared.text

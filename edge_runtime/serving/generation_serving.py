@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from edge_runtime.cloud.config import CloudModelConfig, model_cloud_config
 from edge_runtime.errors import InvalidInputError
@@ -25,6 +25,7 @@ from edge_runtime.generation.settings import generation_settings
 if TYPE_CHECKING:
     from edge_runtime.generation.cloud_router import GenerationRouter
     from edge_runtime.generation.model import GenerativeModel, PreparedPrompt
+    from edge_runtime.generation.prepared import PromptEstimate
     from edge_runtime.generation.sampling import SamplingParams
     from edge_runtime.generation.sequence import Chunk
     from edge_runtime.memory_budget import MemoryBudget
@@ -129,6 +130,14 @@ class GenerationDispatcher:
         closed: close it (``aclose``) when not reading it to the end.
         """
         return BusyStream(self._chunks(prepared, params, request), self.hold() if release is None else release)
+
+    def stream_deferred(self, prepare: Callable[[], Awaitable["PreparedPrompt"]], estimate: "PromptEstimate",
+                        params: "SamplingParams", request: Any, release: Callable[[], None]) -> BusyStream:
+        """As ``stream`` for a request whose ``prepare`` is expensive (a VLM's images): the router
+        decides from ``estimate`` before it runs (``GenerationRouter.stream_deferred``)."""
+        if self.router is None:
+            raise InvalidInputError(f"model {self.name!r} has no [cloud] peer to route this request by")
+        return BusyStream(self.router.stream_deferred(prepare, estimate, params, request), release)
 
     def hold(self) -> Callable[[], None]:
         """Mark the model busy for the memory budget now; returns the (idempotent) release. For work

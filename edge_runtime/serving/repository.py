@@ -41,7 +41,15 @@ from edge_runtime.scheduler import ModelConfig, ModelScheduler
 from edge_runtime.scheduler.config import load_model_config
 from edge_runtime.scheduler.factory import serving_options
 from edge_runtime.serving.dispatch import Dispatcher, RemoteModel, build_dispatcher, remote_model
-from edge_runtime.serving.layout import MODEL_NAME, ServingConfig, check_model_name, is_decimal, model_file
+from edge_runtime.serving.layout import (
+    MODEL_NAME,
+    ServingConfig,
+    check_model_name,
+    holds_model,
+    is_decimal,
+    misplaced_hint,
+    model_file,
+)
 
 if TYPE_CHECKING:
     from edge_runtime.cloud.config import CloudConfig
@@ -115,6 +123,34 @@ class ModelRepository:
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_dir() and MODEL_NAME.fullmatch(p.name) and self.versions_on_disk(p.name))
 
+    def misplaced_on_disk(self) -> dict[str, str]:
+        """Model folders served as nothing because they are not in a version folder, name -> why
+        (see ``misplaced``)."""
+        if not self.root.is_dir():
+            return {}
+        found = {p.name: why for p in self.root.iterdir() if p.is_dir() and (why := self.misplaced(p.name))}
+        if why := self._root_misplaced():
+            found[self.root.name] = why
+        return found
+
+    def _root_misplaced(self) -> str | None:
+        """Why nothing is served when the root itself is a model folder (``--model-repository``
+        pointed at one model), or None."""
+        if not holds_model(self.root):
+            return None
+        return (f"the model repository {self.root} is itself a model folder: put it at "
+                f"<repository>/{self.root.name}/1/ and serve <repository>")
+
+    def misplaced(self, name: str) -> str | None:
+        """Why ``name`` is not served although ``<root>/<name>/`` holds its files directly (the
+        Hugging Face / transformers.js layout users bring) instead of in a version folder, or None."""
+        if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
+            return None
+        directory = self.root / name
+        if directory.is_dir() and not self.versions_on_disk(name) and holds_model(directory):
+            return misplaced_hint(directory)
+        return None
+
     def versions_on_disk(self, name: str) -> list[int]:
         directory = self.root / name
         if not directory.is_dir():
@@ -127,7 +163,9 @@ class ModelRepository:
         """The served version (highest when ``version`` is None); ModelNotFoundError names what is served."""
         versions = self._served.get(name)
         if not versions:
-            raise ModelNotFoundError(f"unknown model {name!r}; served models: {sorted(self._served)}")
+            misplaced = self.misplaced(name) or self._root_misplaced()  # on a miss only: a hit reads no disk
+            raise ModelNotFoundError(f"unknown model {name!r}; served models: {sorted(self._served)}"
+                                     + (f"; {misplaced}" if misplaced else ""))
         if version is None:
             return versions[max(versions)]
         if version not in versions:
@@ -151,6 +189,8 @@ class ModelRepository:
 
     async def load_all(self) -> None:
         """Load every model on disk; a model that fails is logged and listed in the index, not fatal."""
+        for why in self.misplaced_on_disk().values():
+            log.warning("not served: %s", why)
         if self.memory.lazy_load:
             log.info("[memory] lazy_load: models load on their first request")
             return
@@ -211,6 +251,9 @@ class ModelRepository:
                     reason = self._failures.get(name) or ("not selected by version_policy" if served else "unloaded")
                     entries.append({"name": name, "version": str(version), "state": "UNAVAILABLE",
                                     "reason": reason})
+        if not ready_only:  # Triton lists a model it cannot serve with its reason; so do we
+            entries += [{"name": name, "state": "UNAVAILABLE", "reason": why}  # no version to name
+                        for name, why in sorted(self.misplaced_on_disk().items()) if name not in self._served]
         return entries
 
     async def close(self) -> None:

@@ -71,9 +71,9 @@ def base_url(server: LiveServer) -> str:
 
 
 @contextlib.contextmanager
-def served_repository(root: Path, cache_dir: Path) -> Iterator[LiveServer]:
+def served_repository(root: Path, cache_dir: Path, cloud: Any = None) -> Iterator[LiveServer]:
     """A live edge-runtime app over the model repository ``root`` (one intra-op thread, no OpenCL
-    probe), stopped and its runtime closed on exit."""
+    probe; ``cloud``: the server's ``CloudConfig``), stopped and its runtime closed on exit."""
     from edge_runtime.config import RuntimeConfig
     from edge_runtime.runtime import Runtime
     from edge_runtime.server.app import create_app
@@ -81,9 +81,24 @@ def served_repository(root: Path, cache_dir: Path) -> Iterator[LiveServer]:
     from edge_runtime.serving.repository import ModelRepository
 
     runtime = Runtime(RuntimeConfig(cache_dir=cache_dir, probe_opencl=False, intra_op_threads=1))
-    live = LiveServer(create_app(ServerConfig(), ModelRepository(root, runtime, drain_timeout_s=5.0))).start()
+    live = LiveServer(create_app(ServerConfig(), ModelRepository(root, runtime, cloud=cloud,
+                                                                 drain_timeout_s=5.0))).start()
     try:
         yield live
     finally:
         live.stop()
         runtime.close()
+
+
+def start_vlm_peer(tmp_path_factory: Any, folder: Path, token: str) -> Any:
+    """A second edge-runtime process serving the VLM ``folder`` as ``agent`` (plan cpu), behind
+    ``token``: the cloud peer of the edge tests. Stop it with ``.stop()``."""
+    import shutil
+
+    from cloud_peer import ServerProcess
+
+    root = tmp_path_factory.mktemp("vlm-peer-repository")
+    shutil.copytree(folder, root / "agent" / "1")
+    (root / "agent" / "config.toml").write_text('[vision]\nplan = "cpu"\n')
+    return ServerProcess.start(root, tmp_path_factory.mktemp("vlm-peer-logs") / "peer.log",
+                               env={"EDGE_RUNTIME_TOKEN": token}, timeout_s=180)

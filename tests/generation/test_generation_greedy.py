@@ -71,10 +71,18 @@ def test_prompt_longer_than_context_names_both_lengths(qwen_folder: Path, model_
     from edge_runtime.errors import InvalidInputError
 
     model = model_factory(qwen_folder, max_seq_len=64)
-    with pytest.raises(InvalidInputError, match=r"is 7\d tokens; this model's context is 64"):
+    own = json.loads((qwen_folder / "config.json").read_text())["max_position_embeddings"]
+    assert own > 64  # so the message must name the setting that cut the context
+    fix = rf"\(\[generation\] max_seq_len = 64 caps the model's {own}: raise it"
+    with pytest.raises(InvalidInputError, match=rf"is 7\d tokens; this model's context is 64 .*{fix}"):
         model.generate(list(range(3, 3 + 70)), max_tokens=4)
-    with pytest.raises(InvalidInputError, match=r"max_tokens \(100\) exceeds this model's context of 64"):
+    with pytest.raises(InvalidInputError, match=rf"max_tokens \(100\) exceeds this model's context of 64 tokens: "
+                                                 rf"ask for at most 54 new tokens {fix}"):
         model.generate(list(range(3, 13)), max_tokens=100)
+    assert len(model.generate(list(range(3, 13)), max_tokens=54, ignore_eos=True).token_ids) == 54  # the room named
+    uncapped = model_factory(qwen_folder)  # the default max_seq_len is above the model's own context
+    with pytest.raises(InvalidInputError, match=rf"context of {own} tokens: ask for at most {own - 10} new tokens$"):
+        uncapped.generate(list(range(3, 13)), max_tokens=own)
 
 
 def test_folder_description(qwen_folder: Path) -> None:

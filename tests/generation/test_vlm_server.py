@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cloud_peer import ServerProcess
-from generation_fixtures import LiveServer, base_url, served_repository
+from generation_fixtures import LiveServer, base_url, served_repository, start_vlm_peer
 
 TOKEN = "vlm-peer-token"
 
@@ -232,11 +232,7 @@ def test_bad_images_get_named_400s_and_the_model_keeps_answering(server: LiveSer
 
 @pytest.fixture(scope="module")
 def vlm_peer(tmp_path_factory: pytest.TempPathFactory, vlm_folder: Path) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("vlm-peer-repository")
-    shutil.copytree(vlm_folder, root / "agent" / "1")
-    (root / "agent" / "config.toml").write_text('[vision]\nplan = "cpu"\n')
-    server = ServerProcess.start(root, tmp_path_factory.mktemp("vlm-peer-logs") / "peer.log",
-                                 env={"EDGE_RUNTIME_TOKEN": TOKEN}, timeout_s=180)
+    server = start_vlm_peer(tmp_path_factory, vlm_folder, TOKEN)
     yield server
     server.stop()
 

@@ -98,6 +98,15 @@ class ImageFeatureCache:
             self._source_hits += 1
             return entry
 
+    def peek_source(self, key: bytes | None) -> CachedImage | None:
+        """As ``get_source``, but neither counted nor made recent: for estimating a request's cost
+        before deciding where it runs."""
+        if key is None:
+            return None
+        with self._lock:
+            digest = self._sources.get(key)
+            return self._entries.get(digest) if digest is not None else None
+
     def add_source(self, key: bytes | None, digest: bytes) -> None:
         """Remember that the encoded data ``key`` decodes to the image ``digest`` (kept while at most
         ``MAX_SOURCES`` such keys are)."""

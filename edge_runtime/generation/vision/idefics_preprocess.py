@@ -124,6 +124,10 @@ class IdeficsImageProcessor(ImageProcessor):
         _, _, rows, cols = self.layout(width, height)
         return self.image_seq_len * (rows * cols + 1)
 
+    def prompt_text(self, width: int, height: int) -> str:
+        _, _, rows, cols = self.layout(width, height)
+        return image_prompt(rows, cols, self.image_seq_len)
+
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
         image, tile = rgb(image), self.tile
         first, tiled, rows, cols = self.layout(*image.size)

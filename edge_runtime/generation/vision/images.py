@@ -132,6 +132,34 @@ def load_image(source: Image.Image | bytes | str | os.PathLike, where: str,
                             f"got {type(source).__name__}")
 
 
+def image_size(source: object, access: ImageAccess) -> tuple[int, int] | None:
+    """(width, height) of an image input as it will be decoded, read from its header only; None when
+    that is not known without fetching or reading a file (http(s), file and path inputs) or the
+    input is bad (decoding it later names the fault)."""
+    from PIL import Image
+
+    try:
+        if isinstance(source, Image.Image):
+            return source.size
+        if isinstance(source, str) and source.strip()[:5].lower() == "data:":
+            source = _data_url_bytes(source.strip(), "image", access)
+        if not isinstance(source, (bytes, bytearray, memoryview)):
+            return None
+        with warnings.catch_warnings():  # a bomb is refused by the decode that follows, not here
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(bytes(source)), formats=FORMATS)  # reads the header only
+        with image:
+            width, height = image.size
+            # EXIF orientations 5-8 turn the image a quarter (decoding applies them), which changes a
+            # tiled image's rows and columns. Read for JPEG only, whose EXIF precedes the pixels:
+            # PNG's getexif decodes the whole image (an eXIf chunk may follow the data); a rotated PNG
+            # is rare, and costs at most a mis-estimate of a few marker tokens.
+            turned = image.format == "JPEG" and image.getexif().get(0x0112) in (5, 6, 7, 8)
+            return (height, width) if turned else (width, height)
+    except (InvalidInputError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return None
+
+
 def decode_image(data: bytes, where: str, access: ImageAccess) -> Image.Image:
     """Decode PNG/JPEG/WebP bytes into a fully loaded RGB image (EXIF orientation applied)."""
     from PIL import Image, ImageOps

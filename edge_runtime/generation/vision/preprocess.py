@@ -89,6 +89,15 @@ class ImageProcessor:
         """Feeds and prompt text for one RGB image; InvalidInputError (starting with ``where``) if unusable."""
         raise NotImplementedError
 
+    def num_tokens(self, width: int, height: int) -> int:
+        """Image tokens an image of this size costs (without decoding it)."""
+        raise NotImplementedError
+
+    def prompt_text(self, width: int, height: int) -> str:
+        """What replaces the placeholder of an image of this size (``ProcessedImage.prompt_text``,
+        without decoding it)."""
+        raise NotImplementedError
+
     def expand(self, text: str, images: Sequence[ProcessedImage], where: str = "prompt") -> str:
         """Replace the placeholders of ``text``, in order, with each image's ``prompt_text``.
 
@@ -99,11 +108,16 @@ class ImageProcessor:
         if len(parts) - 1 != len(images):
             raise InvalidInputError(f"{where}: the prompt has {len(parts) - 1} image placeholder(s) "
                                     f"{self.placeholder!r} but {len(images)} image(s) were given")
-        out = [parts[0]]
-        for image, part in zip(images, parts[1:]):
-            out.append(image.prompt_text)
-            out.append(part)
-        return "".join(out)
+        return join_prompt(parts, [image.prompt_text for image in images])
+
+
+def join_prompt(parts: Sequence[str], image_texts: Sequence[str]) -> str:
+    """``parts`` (a rendered prompt split at its image placeholders) with each image's text between."""
+    out = [parts[0]]
+    for image_text, part in zip(image_texts, parts[1:]):
+        out.append(image_text)
+        out.append(part)
+    return "".join(out)
 
 
 @dataclass(frozen=True)

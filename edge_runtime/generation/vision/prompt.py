@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from edge_runtime.generation.vision.splice import splice_image_features
 
 if TYPE_CHECKING:
     from edge_runtime.generation.chat import ChatTokenizer
+    from edge_runtime.generation.prepared import PromptEstimate
     from edge_runtime.generation.vision.embeddings import TokenEmbedder
     from edge_runtime.generation.vision.encoder import VisionEncoder
     from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
@@ -53,6 +54,7 @@ class ImageTimings:
     preprocess_ms: float = 0.0  # resizing, normalising, patching
     encode_ms: float = 0.0  # the vision encoder, embedding and splice
     cached_images: int = 0  # images whose features came from the ImageFeatureCache (not encoded)
+    encoded_tokens: int = 0  # image tokens the encoder produced for this request (the rest were cached)
 
     def to_dict(self) -> dict[str, Any]:
         return {"images": self.images, "images_cached": self.cached_images, "image_tokens": self.image_tokens,
@@ -81,10 +83,12 @@ class VisionPrompter:
     def __init__(self, vlm: "VLMFolder", tokenizer: "ChatTokenizer", processor: "ImageProcessor",
                  encoder: "VisionEncoder", embedder: "TokenEmbedder", access: "ImageAccess", max_images: int,
                  features: "ImageFeatureCache | None" = None) -> None:
+        from edge_runtime.generation.vision.cost import ImageCost
         from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
 
         self.vlm = vlm
         self.features = features if features is not None else ImageFeatureCache(0)
+        self.cost = ImageCost()  # learnt from build, read by estimate
         self.tokenizer = tokenizer
         self.processor = processor
         self.encoder = encoder
@@ -165,10 +169,49 @@ class VisionPrompter:
             for i in at[image_tokens:image_tokens + p.processed.num_tokens]:
                 key[i] = mark
             image_tokens += p.processed.num_tokens
+        encoded_tokens = sum(p.processed.num_tokens for p in prepared if p.features is None)
         timings = ImageTimings(len(prepared), image_tokens, (fetch_s + sum(p.decode_s for p in prepared)) * 1e3,
                                sum(p.preprocess_s for p in prepared) * 1e3, (encoded - started) * 1e3,
-                               sum(p.features is not None for p in prepared))
+                               sum(p.features is not None for p in prepared), encoded_tokens)
+        self.cost.observe(len(sources), timings.decode_ms + timings.preprocess_ms, encoded_tokens, timings.encode_ms)
         return VisionPrompt(ids, expanded, EmbeddedPrompt(embeds, positions, delta), key, timings)
+
+    def estimate(self, text: str, images: Sequence["ImageInput"], *, add_special_tokens: bool,
+                 cached: "Callable[[list[int]], int]") -> PromptEstimate | None:
+        """What ``build(text, images)`` and its prefill will cost, without decoding an image: sizes from
+        the images' headers, the prompt's tokens from the processor's budget (exact), images the
+        feature cache holds free, ``cached(ids)`` the prefix cache's match of the text before the
+        first image. None when a
+        size is unknown without fetching (http(s), files) or the request is malformed (``build``
+        then names the fault)."""
+        from edge_runtime.generation.prepared import PromptEstimate
+        from edge_runtime.generation.vision.images import image_size
+        from edge_runtime.generation.vision.preprocess import join_prompt
+
+        if add_special_tokens and self.processor.placeholder not in text:
+            text = self.image_marker * len(images) + text
+        parts = text.split(self.processor.placeholder)
+        if len(images) > self.max_images or len(parts) - 1 != len(images):
+            return None
+        new_images = new_tokens = 0
+        image_texts = []
+        for image in images:
+            hit = self.features.peek_source(self.features.source_key(image.source))
+            if hit is not None:
+                image_texts.append(hit.processed.prompt_text)
+                continue
+            size = image_size(image.source, self.access)
+            if size is None:
+                return None
+            try:
+                image_texts.append(self.processor.prompt_text(*size))
+                new_images, new_tokens = new_images + 1, new_tokens + self.processor.num_tokens(*size)
+            except InvalidInputError:
+                return None
+        ids = self.tokenizer.tokenizer.encode(join_prompt(parts, image_texts), add_special_tokens=add_special_tokens).ids
+        image_id = self.vlm.image_token_id
+        first = ids.index(image_id) if image_id in ids else len(ids)
+        return PromptEstimate(len(ids), cached(ids[:first + 1]), self.cost.predict_ms(new_images, new_tokens))
 
     def _encode(self, prepared: "PreparedImage") -> np.ndarray:
         """The encoder's rows for one image, kept in the feature cache for the next prompt with it."""

@@ -110,6 +110,9 @@ class QwenImageProcessor(ImageProcessor):
         resized_w, resized_h = self.resized_size(width, height)
         return (resized_h // self.patch_size) * (resized_w // self.patch_size) // self.merge_size ** 2
 
+    def prompt_text(self, width: int, height: int) -> str:
+        return self.placeholder * self.num_tokens(width, height)
+
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
         image = rgb(image)
         width, height = self.resized_size(*image.size, where=where)
