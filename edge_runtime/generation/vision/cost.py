@@ -8,7 +8,9 @@ even for a request then sent to the cloud. The estimate has two parts, each an
 exponential moving average over the requests that did the work: decoding and
 preprocessing per image (it follows the sources' pixel counts, which an agent's
 screenshots keep constant) and encoding per image token (it follows the image
-budget). Images the ``ImageFeatureCache`` holds cost nothing.
+budget). Images the ``ImageFeatureCache`` holds cost nothing. Both are timed as the
+requests saw them: an encode that waited for another request's turn counts its wait, so the
+estimate follows concurrent image load.
 """
 
 from __future__ import annotations

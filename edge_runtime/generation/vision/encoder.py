@@ -12,6 +12,7 @@ always gets plan ``cpu``: OpenCL and Vulkan cannot take its attention nodes.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -53,7 +54,13 @@ class _SessionModel:
 
 
 class VisionEncoder:
-    """Runs ``vision_encoder`` on one image at a time; thread-safe as its runner is."""
+    """Runs ``vision_encoder`` on one image at a time; thread-safe.
+
+    Requests prepare their images on their own threads, but their encodes take turns: each run
+    already has the model's threads (all the cores it was given), so two at once only share them
+    — both finish as late as the second would in turn, and each holds its activations (hundreds of
+    MiB for a ~1,000-token screenshot with portable attention) at the same time, on a phone.
+    """
 
     def __init__(self, path: Path, hidden_size: int, *, loader: VisionLoader | None = None, plan: str = "auto",
                  typical: Mapping[str, np.ndarray] | None = None, threads: int = 1) -> None:
@@ -63,6 +70,7 @@ class VisionEncoder:
 
         self.path = Path(path)
         self.hidden_size = hidden_size
+        self._turn = threading.Lock()  # one encode at a time (see the class docstring)
         model = onnx.load(str(self.path), load_external_data=False)
         self.input_names = {value.name for value in model.graph.input}
         if plan != "cpu" and any(entry.domain == "com.microsoft" for entry in model.opset_import):
@@ -95,7 +103,8 @@ class VisionEncoder:
         ``tokens``: the rows the preprocessor promised (the image's tokens in the prompt).
         Raises ModelLoadError when the encoder gives another count: preprocessing and graph disagree.
         """
-        features = np.asarray(self.model.run(self._named(feeds))["image_features"], np.float32)
+        with self._turn:
+            features = np.asarray(self.model.run(self._named(feeds))["image_features"], np.float32)
         if features.shape[-1] != self.hidden_size:
             raise ModelLoadError(f"{self.path}: image_features {list(features.shape)} do not end in the decoder's "
                                  f"hidden size {self.hidden_size}")

@@ -52,7 +52,7 @@ class ImageTimings:
     image_tokens: int = 0
     decode_ms: float = 0.0  # reading and decoding the images
     preprocess_ms: float = 0.0  # resizing, normalising, patching
-    encode_ms: float = 0.0  # the vision encoder, embedding and splice
+    encode_ms: float = 0.0  # the vision encoder (its wait for another request's encode included), embedding, splice
     cached_images: int = 0  # images whose features came from the ImageFeatureCache (not encoded)
     encoded_tokens: int = 0  # image tokens the encoder produced for this request (the rest were cached)
 
