@@ -140,6 +140,8 @@ def _closed_port() -> int:
 
 def test_mode_always_sends_a_screenshot_without_encoding_it_here(
         vlm_peer: ServerProcess, qwen_vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    import openai
+
     with _edge(tmp_path_factory, qwen_vlm, vlm_peer.url, 'mode = "always"\n') as live:
         model = _served(live).model
         messages = _step(_url(11))
@@ -148,6 +150,16 @@ def test_mode_always_sends_a_screenshot_without_encoding_it_here(
         assert _chat(live, _step(_url(12)), stream=False) == model.generate(messages=_step(_url(12)),
                                                                                max_tokens=8).text
         assert model.vision_stats.images == 2
+        # A screenshot cut short after its header: estimated, so sent on; the peer refuses it, and the
+        # local attempt names the part as the no-cloud path does (a 400, nothing else disturbed).
+        png = base64.b64decode(_url(14).split(",", 1)[1])
+        cut = _step("data:image/png;base64," + base64.b64encode(png[:len(png) // 2]).decode())
+        assert model.estimate(messages=cut) is not None
+        with pytest.raises(openai.BadRequestError) as caught:
+            _chat(live, cut)
+        assert "messages[1].content[1].image_url" in caught.value.body["message"]
+        assert "truncated" in caught.value.body["message"]
+        assert _chat(live, messages) == model.generate(messages=messages, max_tokens=8).text
     # The peer down before the first token: the request is prepared and answered here after all.
     with _edge(tmp_path_factory, qwen_vlm, f"http://127.0.0.1:{_closed_port()}", 'mode = "always"\n') as live:
         model = _served(live).model
