@@ -129,15 +129,22 @@ def race_runners(runners: Mapping[str, Callable[[], object]], budget_s: float = 
     return {name: round(statistics.median(values), 4) for name, values in bests.items()}
 
 
-def seeded_feeds(model: "onnx.ModelProto", shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
-    """Reproducible feeds (seed 0, uniform [0, 1) cast to each input's dtype) at ``shapes``."""
+def seeded_feeds(model: "onnx.ModelProto", shapes: Mapping[str, Sequence[int]],
+                 sample: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Reproducible feeds (seed 0, uniform [0, 1) cast to each input's dtype) at ``shapes``; an input
+    ``sample`` holds at that shape is its value instead. Integer and boolean inputs come out all zero,
+    which describes no real input where their values steer the work (a vision encoder's patch grid
+    or patch mask): the caller's ``sample`` (a typical image's feeds) does."""
     from backends.onnx_graph import graph_inputs
 
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in graph_inputs(model):
         dtype = np.dtype(spec.dtype) if not spec.dtype.startswith("onnx:") else np.dtype(np.float32)
-        feeds[spec.name] = rng.random(tuple(shapes[spec.name])).astype(dtype)
+        shape = tuple(shapes[spec.name])
+        given = (sample or {}).get(spec.name)
+        feeds[spec.name] = (np.asarray(given, dtype) if given is not None and tuple(np.shape(given)) == shape
+                            else rng.random(shape).astype(dtype))
     return feeds
 
 

@@ -26,10 +26,13 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
 
 from backends.base import CompileOptions
 from backends.descriptors import descriptor
@@ -73,8 +76,10 @@ def has_candidates(runtime: "Runtime") -> bool:
 
 
 def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", options: CompileOptions,
-                input_shapes: Mapping[str, Sequence[int]] | None) -> PlanDecision | None:
+                input_shapes: Mapping[str, Sequence[int]] | None,
+                sample: Mapping[str, np.ndarray] | None = None) -> PlanDecision | None:
     """The measured choice of ``auto`` for ``model`` (see the module docstring); None: nothing to race.
+    ``sample``: input values the race runs on (``plan_race.race_in_process``).
 
     Never raises for a candidate's failure; a failed race (child crash, host
     cannot run the model) gives an unmeasured ``cpu`` decision, not cached.
@@ -84,7 +89,7 @@ def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", option
     # would map its driver); one holding injected backends by what it holds.
     if not (has_candidates(runtime) if rebuildable else runtime.accelerator() is not None):
         return None
-    key = decision_key(runtime, model, input_shapes, options)
+    key = decision_key(runtime, model, input_shapes, options, sample)
     cache = None if runtime.config.cache_dir is None else Path(runtime.config.cache_dir) / CACHE_FILE
     cached = read_entries(cache).get(key)
     if isinstance(cached, dict):
@@ -95,9 +100,9 @@ def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", option
     started = time.perf_counter()
     try:
         if gpu_driver_loaded() or not rebuildable:
-            decision = race_in_process(runtime, model, options, input_shapes)
+            decision = race_in_process(runtime, model, options, input_shapes, sample=sample)
         else:
-            decision = _race_in_child(runtime, path, options, input_shapes)
+            decision = _race_in_child(runtime, path, options, input_shapes, sample)
     except Exception as exc:  # NOTE: loading must not fail because measuring failed; cpu is always safe
         log.warning("plan race for %s failed (%s: %s); running it on cpu", path, type(exc).__name__, exc)
         return PlanDecision("cpu", "plan", {}, (RaceEntry("cpu", "plan", ("cpu",), None, note="race failed"),),
@@ -110,8 +115,9 @@ def decide_plan(runtime: "Runtime", path: Path, model: "onnx.ModelProto", option
 
 
 def decision_key(runtime: "Runtime", model: "onnx.ModelProto", input_shapes: Mapping[str, Sequence[int]] | None,
-                 options: CompileOptions) -> str:
-    """Cache key: model bytes, given shapes, device, backend order, precision and library versions."""
+                 options: CompileOptions, sample: Mapping[str, np.ndarray] | None = None) -> str:
+    """Cache key: model bytes, given shapes and sample values, device, backend order, precision and
+    library versions."""
     from importlib import metadata
 
     versions = {}
@@ -121,6 +127,10 @@ def decision_key(runtime: "Runtime", model: "onnx.ModelProto", input_shapes: Map
         except metadata.PackageNotFoundError:
             versions[dist] = None
     digest = hashlib.sha256(model.SerializeToString())
+    for name, value in sorted((sample or {}).items()):  # the values steer what runs (a patch grid, a mask)
+        array = np.ascontiguousarray(value)
+        digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
     digest.update(json.dumps({
         "shapes": {k: list(v) for k, v in sorted((input_shapes or {}).items())}, "device": runtime.device_key(),
         "order": runtime.backend_order(), "precision": options.precision,
@@ -144,12 +154,21 @@ def _rebuildable(runtime: "Runtime") -> bool:
 
 
 def _race_in_child(runtime: "Runtime", path: Path, options: CompileOptions,
-                   input_shapes: Mapping[str, Sequence[int]] | None) -> PlanDecision:
+                   input_shapes: Mapping[str, Sequence[int]] | None,
+                   sample: Mapping[str, np.ndarray] | None = None) -> PlanDecision:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(runtime.config).items()
               if k != "delegates"}
     request = {"model": str(path), "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
                "config": config, "profile": runtime.profile,
                "options": {"intra_op_threads": options.intra_op_threads, "precision": options.precision}}
+    with tempfile.TemporaryDirectory(prefix="edge-runtime-race-") as scratch:
+        if sample:  # arrays travel as an .npz beside the JSON request (a mask can be megabytes)
+            request["sample"] = str(Path(scratch) / "sample.npz")
+            np.savez(request["sample"], **{k: np.asarray(v) for k, v in sample.items()})
+        return _run_child(request)
+
+
+def _run_child(request: dict[str, Any]) -> PlanDecision:
     # The child imports this very checkout (a script may have put it on sys.path, not PYTHONPATH).
     import edge_runtime
 
@@ -184,7 +203,11 @@ def main() -> int:
         options = replace(runtime.compile_options(), **request["options"])
         model = load_onnx(Path(request["model"]))
         shapes = {k: tuple(v) for k, v in request["input_shapes"].items()} or None
-        decision = race_in_process(runtime, model, options, shapes)
+        sample = None
+        if request.get("sample"):
+            with np.load(request["sample"]) as stored:
+                sample = {k: stored[k] for k in stored.files}
+        decision = race_in_process(runtime, model, options, shapes, sample=sample)
         answer: dict[str, Any] = {"decision": decision.to_dict()}
     except Exception as exc:  # the parent decides what a failed race means
         log.exception("plan race failed")

@@ -30,6 +30,7 @@ from backends.base import CompileOptions
 from backends.errors import EdgeRuntimeError
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
     from edge_runtime.runtime import Runtime
@@ -137,9 +138,12 @@ def served_shapes(model: "onnx.ModelProto", input_shapes: Mapping[str, Sequence[
 
 def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions,
                     input_shapes: Mapping[str, Sequence[int]] | None, *,
-                    budget_s: float = RACE_BUDGET_S, compile_budget_s: float | None = None) -> PlanDecision:
+                    budget_s: float = RACE_BUDGET_S, compile_budget_s: float | None = None,
+                    sample: Mapping[str, np.ndarray] | None = None) -> PlanDecision:
     """Estimate, prune, compile and time the candidate plans of ``auto`` in this process (see the
-    module doc). Raises EdgeRuntimeError only when the host itself cannot run the model."""
+    module doc). ``sample``: input values to race on where seeded ones describe no real input
+    (``engine_choice.seeded_feeds``). Raises EdgeRuntimeError only when the host itself cannot run
+    the model."""
     from edge_runtime.engine_choice import seeded_feeds
 
     # NOTE: ONNX Runtime's pool threads spin after a run; interleaved, they would take the cores
@@ -150,20 +154,21 @@ def race_in_process(runtime: "Runtime", model: "onnx.ModelProto", options: Compi
     host = runtime.backend("cpu")
     host_exec = host.compile(model, options)
     try:
-        shapes, how = served_shapes(model, input_shapes, lambda s: host_exec.run(seeded_feeds(model, s)))
+        shapes, how = served_shapes(model, input_shapes, lambda s: host_exec.run(seeded_feeds(model, s, sample)))
     finally:
         host_exec.close()
     racing = {threading.get_ident()}
     with _experiment_logging(racing):
         return _race(runtime, model, options, shapes, how, budget_s,
-                     COMPILE_BUDGET_S if compile_budget_s is None else compile_budget_s, racing)
+                     COMPILE_BUDGET_S if compile_budget_s is None else compile_budget_s, racing, sample)
 
 
 def _race(runtime: "Runtime", model: "onnx.ModelProto", options: CompileOptions, shapes: dict[str, tuple[int, ...]],
-          how: str, budget_s: float, compile_budget_s: float, racing: set[int]) -> PlanDecision:
+          how: str, budget_s: float, compile_budget_s: float, racing: set[int],
+          sample: Mapping[str, np.ndarray] | None = None) -> PlanDecision:
     from edge_runtime.engine_choice import race_runners, seeded_feeds
 
-    feeds = seeded_feeds(model, shapes)
+    feeds = seeded_feeds(model, shapes, sample)
     entries: dict[str, RaceEntry] = {}
     compiled: dict[str, Any] = {}
     try:

@@ -25,6 +25,8 @@ from edge_runtime.errors import (
 from edge_runtime.model import LoadReport, Model
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.generation.vision.settings import VisionSettings
@@ -121,7 +123,8 @@ class Runtime:
 
     def load(self, path: str | os.PathLike, name: str | None = None, backend: str = "auto",
              options: CompileOptions | None = None, plan: str | None = None,
-             input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+             input_shapes: Mapping[str, Sequence[int]] | None = None,
+             sample: Mapping[str, np.ndarray] | None = None) -> Model:
         """Load and compile a model file (``.onnx``, ``.tflite``).
 
         ``backend`` NAME runs the whole model there. ``plan`` (``cpu``, ``gpu``,
@@ -134,7 +137,9 @@ class Runtime:
         the report's ``decision`` holds every candidate's estimate and
         measurement. Without an accelerator, the first backend in the order
         (ORT and ncnn raced where both are in it). ``input_shapes`` is the
-        served shape (dynamic dims) for the race and the cost estimates.
+        served shape (dynamic dims) for the race and the cost estimates; ``sample``
+        typical values of inputs that steer the work (a vision encoder's patch grid or
+        mask), which the race runs on instead of seeded ones.
 
         Raises ModelNotFoundError (missing file), ModelLoadError (corrupt file),
         BackendUnavailableError / UnsupportedNodesError (the named backend or
@@ -171,7 +176,8 @@ class Runtime:
         choice = engine_for(self, proto, options, input_shapes) if plan is None else None
         host_engine = choice.backend if choice is not None else "cpu"
         lost = tuple((n, choice.reason) for n in ((*choice.raced, "cpu") if choice else ()) if n != host_engine)
-        measured = self._load_measured(name, path, proto, options, input_shapes, plan is not None, host_engine)
+        measured = self._load_measured(name, path, proto, options, input_shapes, plan is not None, host_engine,
+                                       sample)
         if measured is not None:
             reason = measured.report.reason
             if choice is not None and measured.backend == host_engine != "cpu":  # both races' verdicts
@@ -189,20 +195,21 @@ class Runtime:
         return model
 
     def measured_choice(self, path: Path, proto: Any, options: CompileOptions,
-                        input_shapes: Mapping[str, Sequence[int]] | None) -> Any:
+                        input_shapes: Mapping[str, Sequence[int]] | None,
+                        sample: Mapping[str, np.ndarray] | None = None) -> Any:
         """``auto``'s measured race of plans for ``proto`` (``plan_choice.decide_plan``): a
         ``PlanDecision``, or None when no accelerator is in the backend order (``cpu`` alone)."""
         from edge_runtime.plan_choice import decide_plan
 
-        return decide_plan(self, path, proto, options, input_shapes)
+        return decide_plan(self, path, proto, options, input_shapes, sample)
 
     def _load_measured(self, name: str, path: Path, proto: Any, options: CompileOptions,
                        input_shapes: Mapping[str, Sequence[int]] | None, as_plan: bool,
-                       host_engine: str = "cpu") -> Model | None:
+                       host_engine: str = "cpu", sample: Mapping[str, np.ndarray] | None = None) -> Model | None:
         """The winner of the measured race, compiled (nothing else is); None when nothing races.
         ``as_plan``: ``plan="auto"`` (a plan executor even for cpu); else a ``cpu`` win loads
         ``host_engine`` whole (ORT, or ncnn where it won its race)."""
-        decision = self.measured_choice(path, proto, options, input_shapes)
+        decision = self.measured_choice(path, proto, options, input_shapes, sample)
         if decision is None:
             return None
         winner = decision.entry(decision.winner)
@@ -251,9 +258,11 @@ class Runtime:
                                vision_loader=self.load_vision_encoder)
 
     def load_vision_encoder(self, path: Path, plan: str,
-                            input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+                            input_shapes: Mapping[str, Sequence[int]] | None = None,
+                            sample: Mapping[str, np.ndarray] | None = None) -> Model:
         """A VLM's vision encoder as a tensor model: ``plan`` ``auto`` is ``load``'s default choice;
-        ``input_shapes``: a typical image's feeds (the patch count is dynamic in the graph).
+        ``input_shapes``: a typical image's feed shapes (the patch count is dynamic in the graph);
+        ``sample``: those feeds, which ``auto``'s race runs on (a zero patch grid encodes nothing).
 
         Its CPU threads do not spin: it runs beside the decoder's running streams on the same cores,
         and busy-waiting threads would take their time (measured on 2 cores: median inter-token gap
@@ -261,7 +270,7 @@ class Runtime:
         """
         options = dataclasses.replace(self.compile_options(), allow_spinning=False)
         return self.load(path, name=path.stem, plan=None if plan == "auto" else plan, options=options,
-                         input_shapes=input_shapes)
+                         input_shapes=input_shapes, sample=sample)
 
     # -- plans across backends (edge_runtime.planning) -------------------------------
     def accelerator(self) -> str | None:

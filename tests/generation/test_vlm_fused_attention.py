@@ -133,7 +133,7 @@ def test_fused_encoder_runs_on_the_cpu_plan(tmp_path: Path) -> None:
         def close(self) -> None:
             return None
 
-    def loader(path: Path, plan: str, shapes: dict) -> Loaded:
+    def loader(path: Path, plan: str, shapes: dict, sample: dict) -> Loaded:
         asked.append((path.name, plan))
         return Loaded()
 

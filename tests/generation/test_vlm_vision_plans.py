@@ -134,3 +134,90 @@ def test_vision_encoder_on_the_gpu_plan_equals_the_cpu_plan(accelerator, vlm_fol
     assert described["plan"] == "gpu" and described["fallbacks"] == []  # nothing fell back to the host at run time
     assert any(stage["backend"] == accelerator and "image_features" in stage["outputs"]
                for stage in described["stages"])
+
+
+FAMILY_IMAGES = ((140, 300), (300, 180))  # (width, height): two patch (or tile) counts, small for PoCL's builds
+HEAVY_OPS = ("MatMul", "Conv", "Softmax", "LayerNormalization", "Erf", "Sigmoid")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "smolvlm"])
+@pytest.mark.parametrize("accelerator", [pytest.param("opencl", marks=pytest.mark.requires_opencl),
+                                         pytest.param("vulkan", marks=pytest.mark.requires_vulkan)])
+def test_other_families_encoders_on_the_gpu_plan_equal_the_cpu_plan(accelerator, family, tmp_path, request) -> None:
+    """Qwen2.5-VL (windowed attention, window index from ``image_grid_thw``) and SmolVLM (tiles, a patch
+    mask): the accelerator takes every matrix product, norm and softmax of the tower; only integer and
+    mask bookkeeping may stay on the host (SmolVLM's patch selection: Compress, Where, ReduceSum...)."""
+    from PIL import Image
+
+    from edge_runtime.generation.vision.preprocess import VisionBudget, image_processor
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    folder = write_vlm_folder(tmp_path / family, family, seed=SEED)  # portable attention: the gpu plan's form
+    processor = image_processor(folder, json.loads((folder / "config.json").read_text()), VisionBudget())
+    rng = np.random.default_rng(SEED)
+    feeds = [dict(processor.process(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))).feeds)
+             for w, h in FAMILY_IMAGES]
+    path = folder / "onnx" / "vision_encoder.onnx"
+    total = len(onnx.load(path).graph.node)
+    runtime = _runtime(tmp_path, request, accelerator)
+    shapes = {name: value.shape for name, value in feeds[0].items()}
+    planner = runtime.planner(path, shapes)
+    heavy = {i for i, node in enumerate(planner.prepared.model.graph.node) if node.op_type in HEAVY_OPS}
+    assert heavy and not heavy - planner.claims[accelerator], \
+        f"{accelerator} refuses {sorted(planner.prepared.model.graph.node[i].op_type for i in heavy - planner.claims[accelerator])}"
+    cpu = runtime.load(path, name="vision_cpu", plan="cpu")
+    gpu = runtime.load(path, name="vision_gpu", plan="gpu", input_shapes=shapes)
+    counts = gpu.backend_nodes
+    assert sum(counts.values()) == total and counts.get(accelerator, 0) >= len(heavy), counts
+    for each in feeds:
+        want = cpu.run(each)["image_features"]
+        _assert_close(gpu.run(each)["image_features"], want, f"{family} on {accelerator}: {list(want.shape)}")
+    described = gpu.describe()["executable"]
+    assert described["plan"] == "gpu" and described["fallbacks"] == []
+
+
+@pytest.mark.requires_opencl
+def test_auto_races_the_encoder_on_a_typical_screenshot(vlm_folder, tmp_path, request, monkeypatch) -> None:
+    """``auto``'s race times the encoder on a typical screenshot's feeds, patch grid included: seeded
+    feeds would give ``grid_thw`` all zeros (no image), so the race would time something else."""
+    import edge_runtime.engine_choice as engine_choice
+    from edge_runtime.generation.vision.loading import typical_screenshot
+    from edge_runtime.generation.vision.preprocess import VisionBudget, image_processor
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    runtime = _runtime(tmp_path, request, "opencl")
+    seen: list[dict[str, np.ndarray]] = []
+    seeded = engine_choice.seeded_feeds
+
+    def spy(model, shapes, sample=None):
+        feeds = seeded(model, shapes, sample)
+        seen.append(feeds)
+        return feeds
+
+    monkeypatch.setattr(engine_choice, "seeded_feeds", spy)
+    model = runtime.load_generative(vlm_folder, name="agent", vision=VisionSettings(plan="auto"))
+    request.addfinalizer(model.close)
+    processor = image_processor(vlm_folder, json.loads((vlm_folder / "config.json").read_text()), VisionBudget())
+    typical = processor.process(typical_screenshot()).feeds
+    decision = model.prompter.encoder.model.report.decision
+    assert decision is not None and decision.where == "in-process" and seen  # measured now, not from a cache
+    assert all(np.array_equal(feeds["grid_thw"], typical["grid_thw"]) for feeds in seen)
+    assert all(feeds["pixel_values"].shape == typical["pixel_values"].shape for feeds in seen)
+    assert typical["grid_thw"].min() > 0  # what seeded feeds lack: they would be zeros
+
+
+def test_seeded_feeds_take_the_sample_where_its_shape_matches() -> None:
+    from onnx import TensorProto, helper
+
+    from edge_runtime.engine_choice import seeded_feeds
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]),
+                               helper.make_tensor_value_info("grid", TensorProto.INT64, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    model = helper.make_model(graph)
+    grid = np.array([[1, 4, 6]], np.int64)
+    feeds = seeded_feeds(model, {"x": (3, 4), "grid": (1, 3)}, {"grid": grid, "x": np.ones((2, 4), np.float32)})
+    np.testing.assert_array_equal(feeds["grid"], grid)  # the sample's values
+    assert feeds["x"].shape == (3, 4) and not np.all(feeds["x"] == 1)  # another shape: seeded, not the sample
+    assert np.array_equal(seeded_feeds(model, {"x": (3, 4), "grid": (1, 3)})["grid"], np.zeros((1, 3)))

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 # Runtime.load-like: (path, plan, input shapes of a typical image) -> an object with
 # ``run(feeds) -> dict`` and ``inputs`` (specs with ``name``)
-VisionLoader = Callable[[Path, str, Mapping[str, tuple[int, ...]]], Any]
+VisionLoader = Callable[[Path, str, Mapping[str, tuple[int, ...]], Mapping[str, np.ndarray]], Any]
 # Qwen2-VL exports name the grid input ``grid_thw``, Qwen2.5-VL ones ``image_grid_thw``.
 _GRID_NAMES = ("grid_thw", "image_grid_thw")
 
@@ -84,8 +84,8 @@ class VisionEncoder:
         if loader is None:
             self.model = _SessionModel(self.path, threads)
         else:
-            shapes = {k: tuple(v.shape) for k, v in self._named(typical or {}).items()}
-            self.model = loader(self.path, plan, shapes)
+            sample = self._named(typical or {})
+            self.model = loader(self.path, plan, {k: tuple(v.shape) for k, v in sample.items()}, sample)
         log.info("vision encoder %s on %s", self.path.name, getattr(self.model, "backend", "?"))
 
     def _named(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
