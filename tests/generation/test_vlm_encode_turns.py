@@ -83,3 +83,4 @@ def test_concurrent_screenshots_are_encoded_one_at_a_time(family: str, tmp_path:
     finally:
         model.close()
         alone.close()
+

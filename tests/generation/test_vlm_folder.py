@@ -1,7 +1,9 @@
-"""Reading a VLM folder: recognition, per-part precision from [vision], the decoder's KV layout, the charge."""
+"""Reading a VLM folder: recognition, per-part precision from [vision], the decoder's KV layout, the charge,
+what a screenshot costs under the image budget."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +137,25 @@ def test_token_embedder_reads_a_plain_gather_table_and_runs_anything_else(fp16_f
     mapped = TokenEmbedder(tmp_path / "plain.onnx", np.float32)
     assert isinstance(mapped.table, np.memmap)
     np.testing.assert_array_equal(mapped.embed([0, 31, 7]), weights[[0, 31, 7]])
+
+
+def test_the_load_says_what_a_screenshot_costs_under_the_budget(tmp_path: Path, caplog) -> None:
+    """A budget that makes a phone screenshot thousands of image tokens is warned about at load, with
+    the count and the setting; one within reason is only logged (the quick start stays quiet)."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.vision.preprocess import VisionBudget, image_processor
+    from edge_runtime.generation.vision.settings import VisionSettings
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    folder = write_vlm_folder(tmp_path, "qwen2_vl", seed=2)
+    config = json.loads((folder / "config.json").read_text())
+    for max_pixels, warned in ((12845056, True), (200704, False)):  # Qwen2-VL's default; ~256 tokens
+        budget = VisionBudget(max_pixels=max_pixels)
+        tokens = image_processor(folder, config, budget).num_tokens(1080, 2400)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="edge_runtime.generation.vision.loading"):
+            GenerativeModel("agent", folder, threads=1, vision=VisionSettings(budget=budget)).close()
+        said = [r for r in caplog.records if f"screenshot is {tokens} image tokens" in r.getMessage()]
+        assert len(said) == 1 and (said[0].levelname == "WARNING") == warned
+        assert ("lower [vision] max_pixels" in said[0].getMessage()) == warned
+        assert (tokens > 2048) == warned  # 3,354 and 230: Qwen2-VL's default and a phone budget

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,17 @@ if TYPE_CHECKING:
     from edge_runtime.generation.chat import ChatTokenizer
     from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.generation.vision.encoder import VisionLoader
+    from edge_runtime.generation.vision.preprocess import ImageProcessor
+
+
+log = logging.getLogger(__name__)
+
+TYPICAL_SCREENSHOT = (1080, 2400)  # (width, height): a phone's portrait screenshot
+# Image tokens per screenshot above which the load warns: each costs prefill and, far more, vision
+# encoder time (the encoder's attention grows with the square of the patches): ~1.3 s for 1,000
+# tokens on two x86 cores in tools/bench_vlm.py's model, so Qwen2-VL's own default (3,354) is many
+# seconds a step on a phone.
+MANY_IMAGE_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     vision = vision or VisionSettings()
     vlm = read_vlm_folder(path, vision)
     processor = image_processor(vlm.path, vlm.config, vision.budget)
+    _report_budget(path, processor)
     embedder = TokenEmbedder(vlm.embed_path, vlm.embeds_dtype, threads=threads)
     engine = EmbeddingDecoderEngine(vlm, embedder, threads=threads, max_batch=settings.max_batch_size,
                                     flush_denormals=settings.flush_denormals,
@@ -52,9 +65,21 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     return VisionParts(vlm, engine, prompter)
 
 
+def _report_budget(path: Path, processor: "ImageProcessor") -> None:
+    """Say what a phone screenshot costs under the model's image budget (a warning when it is many
+    tokens: the budget is the main speed control, and the preprocessor's default is rarely right
+    for a phone)."""
+    tokens = processor.num_tokens(*TYPICAL_SCREENSHOT)
+    many = tokens > MANY_IMAGE_TOKENS
+    log.log(logging.WARNING if many else logging.INFO,
+            "%s: a %dx%d screenshot is %d image tokens under this image budget%s", path.name, *TYPICAL_SCREENSHOT,
+            tokens, "; each costs vision-encoder and prefill time: lower [vision] max_pixels (Qwen) or "
+            "longest_edge (SmolVLM) for phone-speed steps" if many else "")
+
+
 def typical_screenshot() -> "Image.Image":
     """A blank phone screenshot (1080x2400): preprocessed under the model's budget, its feeds have the
     shapes a planner should cost the vision encoder at."""
     from PIL import Image
 
-    return Image.new("RGB", (1080, 2400), (128, 128, 128))
+    return Image.new("RGB", TYPICAL_SCREENSHOT, (128, 128, 128))
