@@ -27,13 +27,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Answers that fault this request's content, not the peer (bad parameters, an image it cannot
+# read, a body too large): the peer is up, so they close the breaker like any answer instead of
+# counting toward opening it. Faults every request would meet (401/403: the token, 404: the model
+# name) and the peer timing out or overloaded (408, 429, 5xx) count, so the breaker saves the trips.
+_REQUEST_FAULTS = frozenset({400, 413, 415, 422})
+
+
 class CloudStreamError(CloudError):
     """The peer failed; ``before_first_token`` says whether the caller may still run it locally."""
 
-    def __init__(self, message: str, *, kind: str, before_first_token: bool) -> None:
+    def __init__(self, message: str, *, kind: str, before_first_token: bool, counted: bool = False) -> None:
+        """``counted``: already recorded on the breaker (a client error: the peer is up)."""
         super().__init__(message)
         self.kind = kind
         self.before_first_token = before_first_token
+        self.counted = counted
 
 
 def _ssl_context(config: "CloudConfig") -> ssl.SSLContext | bool:
@@ -97,8 +106,10 @@ class OpenAICloud:
                                         headers=self._headers()) as response:
                     if response.status != 200:
                         text = (await response.text())[:300]
+                        if response.status in _REQUEST_FAULTS:
+                            self.breaker.record_success()  # the peer answered: this request, not the peer, failed
                         raise CloudStreamError(f"the cloud answered {response.status}: {text}", kind="http_error",
-                                               before_first_token=True)
+                                               before_first_token=True, counted=response.status in _REQUEST_FAULTS)
                     async for raw in response.content:
                         line = raw.decode("utf-8", "replace").strip()
                         if not line.startswith("data:"):
@@ -112,8 +123,9 @@ class OpenAICloud:
                         tokens += 1 if chunk.text else 0
                         finished = finished or chunk.finish_reason is not None
                         yield chunk
-        except CloudStreamError:
-            self.breaker.record_failure()
+        except CloudStreamError as exc:
+            if not exc.counted:
+                self.breaker.record_failure()
             raise
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ssl.SSLError) as exc:
             self.breaker.record_failure()
