@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model.close()
     best = {name: {key: round(min(r[key] for r in rows), 1) for key in rows[0]} for name, rows in rounds.items()}
     return {"threads": args.threads, "budget": args.budget, "requests": args.requests, "rounds": args.rounds,
-            "best": best, "mean_at_once_over_in_turn": round(best["at once"]["mean_ms"] / best["in turn"]["mean_ms"], 2),
+            "best": best,
+            "mean_at_once_over_in_turn": round(best["at once"]["mean_ms"] / best["in turn"]["mean_ms"], 2),
             "last_at_once_over_in_turn": round(best["at once"]["last_ms"] / best["in turn"]["last_ms"], 2)}
 
 

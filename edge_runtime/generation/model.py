@@ -279,7 +279,12 @@ class GenerativeModel:
             return None
         if not inputs:
             return None
-        return estimator(text, inputs, add_special_tokens=plain, cached=self.prefix_cache.peek)
+        try:
+            return estimator(text, inputs, add_special_tokens=plain, cached=self.prefix_cache.peek)
+        except Exception as exc:  # NOTE: an estimate only advises the router: prepare reports the input's fault
+            log.warning("model %s: no cost estimate for a request (%s: %s); routing it after its image work",
+                        self.name, type(exc).__name__, exc)
+            return None
 
     def cached_tokens(self, prepared: PreparedPrompt) -> int:
         """How many of ``prepared``'s tokens the prefix cache holds now (not counted as a lookup)."""

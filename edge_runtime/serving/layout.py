@@ -68,16 +68,10 @@ class ServingConfig:
 
 def holds_model(directory: Path) -> bool:
     """True when ``directory`` itself holds a model: a ``MODEL_FILES`` file or a generative folder
-    (reads no ONNX). Used to name a model folder put where a repository or version folder belongs."""
+    (reads no ONNX): a repository's model folder without version folders is served as version 1."""
     from edge_runtime.generation.folder import is_generative_folder
 
     return any((directory / name).is_file() for name in MODEL_FILES) or is_generative_folder(directory)
-
-
-def misplaced_hint(directory: Path) -> str:
-    """Why nothing is served from ``directory``, which holds a model but is not a version folder."""
-    return (f"{directory} holds model files but no version folder: a repository serves "
-            f"<repository>/<model>/<version>/, so move them into {directory / '1'}/")
 
 
 def model_file(version_dir: Path) -> Path:

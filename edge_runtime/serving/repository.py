@@ -3,7 +3,8 @@
 Layout::
 
     <root>/<model>/config.toml          optional: [scheduler] [batching] [queue] [cloud] [serving]
-    <root>/<model>/<version>/model.onnx (or model.tflite); version = a positive integer
+    <root>/<model>/<version>/model.onnx (or model.tflite, or a generative folder); version = a positive integer
+    <root>/<model>/model.onnx           a model folder without version folders (as downloaded): version 1
 
 ``[serving]``: see ``layout.py``.
 
@@ -47,7 +48,6 @@ from edge_runtime.serving.layout import (
     check_model_name,
     holds_model,
     is_decimal,
-    misplaced_hint,
     model_file,
 )
 
@@ -123,47 +123,36 @@ class ModelRepository:
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_dir() and MODEL_NAME.fullmatch(p.name) and self.versions_on_disk(p.name))
 
-    def misplaced_on_disk(self) -> dict[str, str]:
-        """Model folders served as nothing because they are not in a version folder, name -> why
-        (see ``misplaced``)."""
-        if not self.root.is_dir():
-            return {}
-        found = {p.name: why for p in self.root.iterdir() if p.is_dir() and (why := self.misplaced(p.name))}
-        if why := self._root_misplaced():
-            found[self.root.name] = why
-        return found
-
-    def _root_misplaced(self) -> str | None:
-        """Why nothing is served when the root itself is a model folder (``--model-repository``
-        pointed at one model), or None."""
-        if not holds_model(self.root):
-            return None
-        return (f"the model repository {self.root} is itself a model folder: put it at "
-                f"<repository>/{self.root.name}/1/ and serve <repository>")
-
-    def misplaced(self, name: str) -> str | None:
-        """Why ``name`` is not served although ``<root>/<name>/`` holds its files directly (the
-        Hugging Face / transformers.js layout users bring) instead of in a version folder, or None."""
-        if not MODEL_NAME.fullmatch(name) or set(name) == {"."}:
-            return None
-        directory = self.root / name
-        if directory.is_dir() and not self.versions_on_disk(name) and holds_model(directory):
-            return misplaced_hint(directory)
-        return None
-
     def versions_on_disk(self, name: str) -> list[int]:
+        """The version folders of ``name`` (``<root>/<name>/<n>/``); a folder that holds a model's files
+        itself and has no version folder — the layout users download (Hugging Face, transformers.js,
+        MLServer) — is version 1."""
         directory = self.root / name
         if not directory.is_dir():
             return []
-        return sorted(int(p.name) for p in directory.iterdir()
-                      if p.is_dir() and is_decimal(p.name) and int(p.name) > 0)
+        numbered = sorted(int(p.name) for p in directory.iterdir()
+                          if p.is_dir() and is_decimal(p.name) and int(p.name) > 0)
+        return numbered or ([1] if holds_model(directory) else [])
+
+    def version_dir(self, name: str, version: int) -> Path:
+        """Where version ``version`` of ``name`` lies: its numbered folder, or the model's folder itself."""
+        numbered = self.root / name / str(version)
+        return numbered if numbered.is_dir() else self.root / name
+
+    def misplaced(self) -> str | None:
+        """Why nothing is served when the root itself is a model folder (``--model-repository``
+        pointed at one model, not at the folder holding it), or None."""
+        if not self.root.is_dir() or not holds_model(self.root):
+            return None
+        return (f"the model repository {self.root} is itself a model folder: serve the folder that holds it "
+                f"(<repository>/{self.root.name}/)")
 
     # -- serving -----------------------------------------------------------------------
     def get(self, name: str, version: int | None = None) -> LoadedVersion:
         """The served version (highest when ``version`` is None); ModelNotFoundError names what is served."""
         versions = self._served.get(name)
         if not versions:
-            misplaced = self.misplaced(name) or self._root_misplaced()  # on a miss only: a hit reads no disk
+            misplaced = self.misplaced()  # on a miss only: a hit reads no disk
             raise ModelNotFoundError(f"unknown model {name!r}; served models: {sorted(self._served)}"
                                      + (f"; {misplaced}" if misplaced else ""))
         if version is None:
@@ -189,7 +178,7 @@ class ModelRepository:
 
     async def load_all(self) -> None:
         """Load every model on disk; a model that fails is logged and listed in the index, not fatal."""
-        for why in self.misplaced_on_disk().values():
+        if why := self.misplaced():
             log.warning("not served: %s", why)
         if self.memory.lazy_load:
             log.info("[memory] lazy_load: models load on their first request")
@@ -251,9 +240,9 @@ class ModelRepository:
                     reason = self._failures.get(name) or ("not selected by version_policy" if served else "unloaded")
                     entries.append({"name": name, "version": str(version), "state": "UNAVAILABLE",
                                     "reason": reason})
-        if not ready_only:  # Triton lists a model it cannot serve with its reason; so do we
-            entries += [{"name": name, "state": "UNAVAILABLE", "reason": why}  # no version to name
-                        for name, why in sorted(self.misplaced_on_disk().items()) if name not in self._served]
+        why = self.misplaced() if not ready_only else None
+        if why:  # Triton lists a model it cannot serve with its reason; so do we (no version to name)
+            entries.append({"name": self.root.name, "state": "UNAVAILABLE", "reason": why})
         return entries
 
     async def close(self) -> None:
@@ -275,7 +264,7 @@ class ModelRepository:
     def generative_on_disk(self) -> list[str]:
         """Models on disk with a generative version folder (a cheap scan: no ONNX is read)."""
         return [name for name in self.names_on_disk()
-                if any(is_generative_folder(self.root / name / str(v)) for v in self.versions_on_disk(name))]
+                if any(is_generative_folder(self.version_dir(name, v)) for v in self.versions_on_disk(name))]
 
     async def ensure_loaded(self, name: str) -> None:
         """Load ``name`` now if it is on disk, not served, and the memory settings load lazily
@@ -306,7 +295,7 @@ class ModelRepository:
         factor = self.memory.footprint_factor
         planned: dict[int, dict[str, int]] = {}
         for version in selected:
-            directory = self.root / name / str(version)
+            directory = self.version_dir(name, version)
             if is_generative_folder(directory):
                 from edge_runtime.serving.generation_serving import planned_charge
 
@@ -342,7 +331,7 @@ class ModelRepository:
         loaded: dict[int, LoadedVersion] = {}
         try:
             for version in selected:
-                path = model_file(self.root / name / str(version))
+                path = model_file(self.version_dir(name, version))
                 loaded[version] = self._build(name, version, path, config, serving)
         except BaseException:
             for version in loaded.values():

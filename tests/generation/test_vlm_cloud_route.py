@@ -109,7 +109,8 @@ def _edge(tmp_path_factory: pytest.TempPathFactory, folder: Path, url: str, clou
 
     root = tmp_path_factory.mktemp("edge-vlm-repository")
     shutil.copytree(folder, root / "agent" / "1")
-    (root / "agent" / "config.toml").write_text(f'[vision]\nplan = "cpu"\n[cloud]\nremote_model = "agent"\n{cloud_table}')
+    (root / "agent" / "config.toml").write_text(
+        f'[vision]\nplan = "cpu"\n[cloud]\nremote_model = "agent"\n{cloud_table}')
     cloud = CloudConfig(url=url, token=TOKEN, timeout_ms=120000, breaker_failures=5)
     return served_repository(root, tmp_path_factory.mktemp("cache"), cloud=cloud)
 

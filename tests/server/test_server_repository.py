@@ -162,45 +162,50 @@ async def test_unknown_config_tables_and_keys_fail_the_load_naming_file_table_an
         assert needle is None or needle in error, error
 
 
-async def test_model_files_outside_a_version_folder_are_named_with_the_fix(
-        aiohttp_client: Any, make_app: Any, repo_copy: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A folder users bring as it is (Hugging Face / transformers.js layout: the files directly in
-    ``<repo>/<name>/``) is served as nothing; the log, the index and the 404 say where the files go."""
+async def test_a_model_folder_without_version_folders_is_served_as_version_1(
+        aiohttp_client: Any, make_app: Any, repo_copy: Path) -> None:
+    """The layout users bring as it is (Hugging Face / transformers.js / MLServer: the files directly in
+    ``<repo>/<name>/``) serves as version 1; version folders, once there, are what is served."""
     from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder
+    from edge_runtime.generation.model import GenerativeModel
 
     write(repo_copy / "flat" / "model.onnx", build_mlp(seed=3))
-    write_decoder_folder(repo_copy / "chat", DecoderShape(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
-                                                          vocab=300, max_positions=64), seed=1)
+    chat = write_decoder_folder(repo_copy / "chat", DecoderShape(hidden=32, layers=1, heads=2, kv_heads=1,
+                                                                 intermediate=64, vocab=300, max_positions=64), seed=1)
     (repo_copy / "notes").mkdir()  # a folder without a model is no model: not listed
-    with caplog.at_level("WARNING", logger="edge_runtime.serving.repository"):
-        client = await aiohttp_client(make_app(repo_copy))
-    for name in ("flat", "chat"):
-        fix = f"move them into {repo_copy / name / '1'}/"
-        assert any(name in r.getMessage() and fix in r.getMessage() for r in caplog.records)
-        status, body, _ = await infer_mlp(client, f"/v2/models/{name}/infer")
-        assert status == 404 and f"unknown model '{name}'" in body["error"] and fix in body["error"]
-    entries = [e for e in await index(client) if "version" not in e]
-    assert sorted(e["name"] for e in entries) == ["chat", "flat"]
-    assert all(e["state"] == "UNAVAILABLE" and "no version folder" in e["reason"] for e in entries)
-    assert [e for e in await index(client, ready=True) if "version" not in e] == []
-    response = await client.post("/v1/chat/completions", json={"model": "chat", "messages": [
-        {"role": "user", "content": "hi"}]})
-    assert response.status == 404 and "move them into" in (await response.json())["error"]["message"]
-    # Once the files are in a version folder the same name loads and serves.
-    (repo_copy / "flat" / "1").mkdir()
-    (repo_copy / "flat" / "model.onnx").rename(repo_copy / "flat" / "1" / "model.onnx")
-    assert (await client.post("/v2/repository/models/flat/load")).status == 200
+    client = await aiohttp_client(make_app(repo_copy))
+    entries = {(e["name"], e["version"]): e["state"] for e in await index(client)}
+    assert entries[("flat", "1")] == entries[("chat", "1")] == "READY" and "notes" not in {n for n, _ in entries}
     status, body, feeds = await infer_mlp(client, "/v2/models/flat/infer")
-    assert status == 200
-    np.testing.assert_allclose(logits(body), ort_run(repo_copy / "flat" / "1" / "model.onnx", feeds)["logits"],
+    assert status == 200 and body["model_version"] == "1"
+    np.testing.assert_allclose(logits(body), ort_run(repo_copy / "flat" / "model.onnx", feeds)["logits"],
+                               rtol=1e-5, atol=1e-6)
+    response = await client.post("/v1/chat/completions", json={
+        "model": "chat", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status == 200
+    oracle = GenerativeModel("oracle", chat, threads=1)
+    try:
+        expected = oracle.generate(messages=[{"role": "user", "content": "hi"}], max_tokens=4).text
+    finally:
+        oracle.close()
+    assert (await response.json())["choices"][0]["message"]["content"] == expected
+    # Version folders added later are what the next load serves.
+    write(repo_copy / "flat" / "2" / "model.onnx", build_mlp(seed=4))
+    assert (await (await client.post("/v2/repository/models/flat/load")).json())["versions"] == ["2"]
+    status, body, feeds = await infer_mlp(client, "/v2/models/flat/infer")
+    assert status == 200 and body["model_version"] == "2"
+    np.testing.assert_allclose(logits(body), ort_run(repo_copy / "flat" / "2" / "model.onnx", feeds)["logits"],
                                rtol=1e-5, atol=1e-6)
 
 
 async def test_a_repository_that_is_itself_a_model_folder_is_named(aiohttp_client: Any, make_app: Any,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path, caplog) -> None:
     root = tmp_path / "mymodel"
     write(root / "model.onnx", build_mlp(seed=3))
-    client = await aiohttp_client(make_app(root))
+    with caplog.at_level("WARNING", logger="edge_runtime.serving.repository"):
+        client = await aiohttp_client(make_app(root))
+    said = f"the model repository {root} is itself a model folder: serve the folder that holds it"
+    assert any(said in r.getMessage() for r in caplog.records)
     status, body, _ = await infer_mlp(client, "/v2/models/anything/infer")
-    assert status == 404 and f"the model repository {root} is itself a model folder" in body["error"]
-    assert [e["name"] for e in await index(client)] == ["mymodel"]
+    assert status == 404 and said in body["error"]
+    assert [(e["name"], e["state"]) for e in await index(client)] == [("mymodel", "UNAVAILABLE")]

@@ -208,7 +208,8 @@ class VisionPrompter:
                 new_images, new_tokens = new_images + 1, new_tokens + self.processor.num_tokens(*size)
             except InvalidInputError:
                 return None
-        ids = self.tokenizer.tokenizer.encode(join_prompt(parts, image_texts), add_special_tokens=add_special_tokens).ids
+        expanded = join_prompt(parts, image_texts)
+        ids = self.tokenizer.tokenizer.encode(expanded, add_special_tokens=add_special_tokens).ids
         image_id = self.vlm.image_token_id
         first = ids.index(image_id) if image_id in ids else len(ids)
         return PromptEstimate(len(ids), cached(ids[:first + 1]), self.cost.predict_ms(new_images, new_tokens))
