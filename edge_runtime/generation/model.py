@@ -260,21 +260,13 @@ class GenerativeModel:
         is decoded (``VisionPrompter.estimate``): how a router decides where it runs without paying
         its image work first. None for a model or request without images, or one not estimable
         cheaply (``prepare`` then reports what is wrong with it)."""
-        from edge_runtime.generation.vision.messages import image_inputs, split_images
-
         estimator = getattr(self.prompter, "estimate", None)  # onnxruntime-genai's processor gives none
         if estimator is None or (prompt is None) == (messages is None):
             return None
+        if messages is None and not isinstance(prompt, str):  # token ids take no images
+            return None
         try:
-            inputs = image_inputs(images)
-            if messages is not None and not inputs:
-                shaped, inputs = split_images(messages)
-                text = self.tokenizer.render(shaped, multimodal=True, tools=list(tools) if tools else None)
-                plain = False
-            elif isinstance(prompt, str):
-                text, plain = prompt, True
-            else:
-                return None
+            text, inputs, plain = self._vision_text(prompt, messages, images, tools)
         except InvalidInputError:
             return None
         if not inputs:
@@ -292,19 +284,8 @@ class GenerativeModel:
 
     def _prepare_vision(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
                         images: Sequence[Any] | None, tools: Sequence[Any] | None = None) -> PreparedPrompt:
-        from edge_runtime.generation.vision.messages import image_inputs, split_images
-
         assert self.prompter is not None
-        inputs = image_inputs(images)
-        if messages is not None:
-            if inputs:
-                raise InvalidInputError("give images as image parts of 'messages', not as 'images'")
-            shaped, inputs = split_images(messages)
-            text = self.tokenizer.render(shaped, multimodal=True, tools=list(tools) if tools else None)
-            plain = False
-        else:
-            assert isinstance(prompt, str)
-            text, plain = prompt, True
+        text, inputs, plain = self._vision_text(prompt, messages, images, tools)
         if not inputs:
             ids = (self.tokenizer.encode_prompt(text) if plain
                    else self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -314,6 +295,21 @@ class GenerativeModel:
             t = built.timings
             self.vision_stats.record(t.images, t.image_tokens, (t.decode_ms + t.preprocess_ms) / 1e3, t.encode_ms / 1e3)
         return PreparedPrompt(built.ids, built.text, built.inputs, built.cache_key, built.timings)
+
+    def _vision_text(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
+                     images: Sequence[Any] | None, tools: Sequence[Any] | None) -> tuple[str, list[Any], bool]:
+        """(prompt text with image placeholders, the image inputs, whether it is a plain prompt) of a
+        VLM request: chat messages rendered by the template, or a text prompt with ``images``."""
+        from edge_runtime.generation.vision.messages import image_inputs, split_images
+
+        inputs = image_inputs(images)
+        if messages is None:
+            assert isinstance(prompt, str)
+            return prompt, inputs, True
+        if inputs:
+            raise InvalidInputError("give images as image parts of 'messages', not as 'images'")
+        shaped, inputs = split_images(messages)
+        return self.tokenizer.render(shaped, multimodal=True, tools=list(tools) if tools else None), inputs, False
 
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:
         """Queue one request; ``sink(chunk)`` is called on the batcher thread. Returns a handle for ``cancel``."""

@@ -181,9 +181,8 @@ class VisionPrompter:
         """What ``build(text, images)`` and its prefill will cost, without decoding an image: sizes from
         the images' headers, the prompt's tokens from the processor's budget (exact), images the
         feature cache holds free, ``cached(ids)`` the prefix cache's match of the text before the
-        first image. None when a
-        size is unknown without fetching (http(s), files) or the request is malformed (``build``
-        then names the fault)."""
+        first image. None when a size is unknown without fetching (http(s), files) or the request
+        is malformed (``build`` then names the fault)."""
         from edge_runtime.generation.prepared import PromptEstimate
         from edge_runtime.generation.vision.images import image_size
         from edge_runtime.generation.vision.preprocess import join_prompt
