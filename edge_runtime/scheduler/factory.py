@@ -170,7 +170,7 @@ def _single_thread_switch(runtime: Any, model: Any, pool: Any, config: ModelConf
         return None
     options = dataclasses.replace(spin_settings("never").apply(_serving(runtime, threads, config)), intra_op_threads=1)
     return SingleThreadSwitch(pool, build=lambda: runtime.load(model.path, name=model.name, backend="cpu",
-                                                               options=options))
+                                                               options=options), pool_threads=threads)
 
 
 def _small(model: Any) -> bool:

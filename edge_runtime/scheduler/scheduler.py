@@ -30,7 +30,10 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from backends.base import TensorSpec
 from edge_runtime.errors import DeadlineExceededError, EdgeRuntimeError
@@ -54,6 +57,36 @@ from edge_runtime.validation import validate_feeds
 log = logging.getLogger(__name__)
 
 PlanChooser = Callable[[Mapping[str, Plan], QueuedRequest], str]
+
+
+@dataclass(frozen=True)
+class _Width:
+    """What a run takes of its device: ``units`` (cores on the cpu worker) and, on the cpu plan of a
+    model with a one-thread switch, the ``session`` it is bound to (``"pool"`` or ``"single"``)."""
+
+    units: int
+    session: str | None
+
+
+def _run_shapes(batch: list[QueuedRequest]) -> dict[str, tuple[int, ...]]:
+    """The input shapes of ``batch``'s run: its requests' rows joined along dim 0 (``join_feeds``)."""
+    first = batch[0].feeds
+    if len(batch) == 1:
+        return {name: tuple(np.shape(value)) for name, value in first.items()}
+    total = sum(entry.rows or 1 for entry in batch)
+    return {name: (total, *np.shape(value)[1:]) for name, value in first.items()}
+
+
+def _share(batch: list[QueuedRequest], cores: int) -> list[QueuedRequest]:
+    """The leading requests of ``batch`` holding about a ``cores``-th of its rows (at least one)."""
+    cap = -(-sum(entry.rows or 1 for entry in batch) // cores)
+    share, rows = [], 0
+    for entry in batch:
+        if share and rows + (entry.rows or 1) > cap:
+            break
+        share.append(entry)
+        rows += entry.rows or 1
+    return share
 
 
 class ModelScheduler:
@@ -90,6 +123,9 @@ class ModelScheduler:
         self.recheck = recheck  # abandons the served plan for a candidate measured faster (recheck.py)
         self.spin_switch = spin_switch  # the cpu plan's spinning session or quiet twin, per run (spin.py)
         self.single_thread = single_thread  # the cpu plan's pool or one-thread session, per run (single_thread.py)
+        # The plan whose runs the switch serves: a run there may take one core instead of the pool's.
+        self._switch_plan = next((n for n, p in self.plans.items()
+                                  if single_thread is not None and getattr(p, "call", None) is single_thread), None)
         self._chooser = choose_plan
         self._monitor = monitor
         self._own_workers = workers is None
@@ -232,7 +268,7 @@ class ModelScheduler:
         if inline is not None:
             self._run_inline(*inline)
 
-    def _dispatch(self) -> tuple[Decision, list[QueuedRequest], DeviceWorker] | None:
+    def _dispatch(self) -> tuple[Decision, list[QueuedRequest], DeviceWorker, _Width] | None:
         """``_pump``'s work under the lock; returns the batch to run on the loop, if one should be."""
         with self._lock:
             while True:
@@ -242,42 +278,69 @@ class ModelScheduler:
                 decision = self._decide(head)
                 device = self._devices[decision.plan]
                 worker = self._workers.worker(device)
-                if worker.in_use >= worker.slots:
-                    if device not in self._waiting_for:
-                        self._waiting_for.add(device)
-                        worker.when_free(lambda: self._slot_freed(device), owner=self)
+                narrowest = 1 if decision.plan == self._switch_plan else worker.run_units
+                if not worker.has_room(narrowest):
+                    self._wait_for(device, worker, narrowest)
                     return None
                 batch = self._collect(head, decision.plan)
                 if batch is None:
                     return None  # a batch timer is set
-                # Only loops take slots; worker threads only give them back, so it is still free.
-                acquired = worker.try_acquire()
-                assert acquired, "a slot was checked free just above, with no await in between"
+                # Under load when another run is in flight or more waits than this batch takes.
+                batch, width = self._width(decision.plan, batch, worker,
+                                           busy=worker.in_use > 0 or len(self._queue) > len(batch))
+                # Only loops take slots (worker threads give them back), but a wider run than the
+                # narrowest may still not fit: it waits, queued, for the cores it needs.
+                if not worker.try_acquire(width.units):
+                    self._wait_for(device, worker, width.units)
+                    return None
+                self._queue.take(batch)
                 self.last_decision = decision
                 self.in_flight += len(batch)
-                if self._inline_now(batch, worker):
-                    return decision, batch, worker
-                worker.submit(self._drive, decision, batch, worker)
+                if self._inline_now(batch, worker, width.units):
+                    return decision, batch, worker, width
+                worker.submit(self._drive, decision, batch, worker, width)
 
-    def _inline_now(self, batch: list[QueuedRequest], worker: DeviceWorker) -> bool:
-        """Under the lock, a slot just taken for ``batch``: whether it runs on the loop (``inline.py``)."""
+    def _wait_for(self, device: str, worker: DeviceWorker, units: int) -> None:
+        """Under the lock: pump again once ``units`` of ``device`` may be free."""
+        if device not in self._waiting_for:
+            self._waiting_for.add(device)
+            worker.when_free(lambda: self._slot_freed(device), owner=self, units=units)
+
+    def _width(self, plan_name: str, batch: list[QueuedRequest], worker: DeviceWorker, *,
+               busy: bool) -> tuple[list[QueuedRequest], "_Width"]:
+        """Under the lock: the run to make of ``batch`` (all of it, or under load its share of the
+        cores), the device units it takes and the session of the cpu plan's one-thread switch it is
+        bound to (``single_thread.py``). ``busy``: the model is under load, so the cost per core
+        decides (runs fill every core) rather than the run's own time, and a batch is split over the
+        cores: a share per core runs as a one-thread run beside the next, where that is measured
+        cheaper per core than the whole batch split inside each kernel by the pool."""
+        if plan_name != self._switch_plan or worker.run_units == 1:
+            return batch, _Width(worker.run_units, None)
+        if busy and len(batch) > 1:
+            batch = _share(batch, worker.run_units)
+        session = self.single_thread.session_for(_run_shapes(batch), throughput=busy)
+        return batch, _Width(1 if session == "single" else worker.run_units, session)
+
+    def _inline_now(self, batch: list[QueuedRequest], worker: DeviceWorker, units: int) -> bool:
+        """Under the lock, ``units`` just taken for ``batch``: whether it runs on the loop (``inline.py``)."""
         if worker.device != "cpu" or len(batch) != 1 or (batch[0].rows or 1) != 1:
             return False
-        idle = (self.in_flight == 1 and not len(self._queue) and worker.in_use == 1 and not worker.waiting)
+        idle = (self.in_flight == 1 and not len(self._queue) and worker.in_use == units and not worker.waiting)
         return self._inline.allows(self._sizer.curve.per_row_ms_at(1), idle=idle, loop=self._loop)
 
-    def _run_inline(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
+    def _run_inline(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker,
+                    width: "_Width") -> None:
         """On the loop: run ``batch`` here, give the slot back and answer it (what ``_drive`` does in a
         worker thread, without the two hand-offs)."""
         reading = self._reading()
         rows = [entry.rows or 1 for entry in batch]
         try:
-            outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows)
+            outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows, width.session)
         except Exception as exc:  # answered to the caller like a worker's failure
             outcome = exc
         with self._lock:
             self.counters["inline"] += 1
-        worker.release()  # wakes other schedulers waiting for the device
+        worker.release(width.units)  # wakes other schedulers waiting for the device
         # Nothing was queued behind this run: the loop ran it, so no request could arrive meanwhile.
         self._finish(decision, batch, rows, reading, outcome)
 
@@ -287,10 +350,10 @@ class ModelScheduler:
         self._pump()
 
     def _collect(self, head: QueuedRequest, plan_name: str, *, on_loop: bool = True) -> list[QueuedRequest] | None:
-        """The next batch for ``plan_name`` (taken off the queue), or None when it should wait for company:
-        until it is ready or ``max_queue_delay_us`` after its oldest request (on the loop a timer is set)."""
+        """The next batch for ``plan_name`` (left queued: the caller takes it once it has the cores), or
+        None when it should wait for company: until it is ready or ``max_queue_delay_us`` after its oldest
+        request (on the loop a timer is set)."""
         if not self.batching or head.rows is None:
-            self._queue.take([head])
             return [head]
         candidates = self._queue.live(lambda entry: entry.rows is not None and entry.batch_key == head.batch_key
                                       and entry.plan_hint in (None, plan_name))
@@ -306,15 +369,13 @@ class ModelScheduler:
                     self._timer.cancel()
                 self._timer = self._loop.call_later(remaining_s, self._timer_fired)
             return None
-        batch = candidates[:self._sizer.take([entry.rows or 0 for entry in candidates])]
-        self._queue.take(batch)
-        return batch
+        return candidates[:self._sizer.take([entry.rows or 0 for entry in candidates])]
 
     def _timer_fired(self) -> None:
         self._timer = None
         self._pump()
 
-    def _drive(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker) -> None:
+    def _drive(self, decision: Decision, batch: list[QueuedRequest], worker: DeviceWorker, width: "_Width") -> None:
         """Worker thread: run the batch, hand its outcome to the loop, then take the next batch for this
         device itself (no round trip through the loop between two runs) until none is ready."""
         loop = self._loop
@@ -322,7 +383,7 @@ class ModelScheduler:
             reading = self._reading()
             rows = [entry.rows or 1 for entry in batch]
             try:
-                outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows)
+                outcome: Any = self._execute(decision.plan, [entry.feeds for entry in batch], rows, width.session)
             except Exception as exc:  # handed to the callers on the loop; this thread keeps serving
                 outcome = exc
             # NOTE: the slot is given back (or the next batch taken) before the loop hears of this run:
@@ -331,32 +392,36 @@ class ModelScheduler:
             more = False  # requests left queued once this worker gives its slot back
             with self._lock:
                 try:
-                    following = self._next_for(worker)
+                    following = self._next_for(worker, width.units)
                 except Exception:  # a bug in choosing: never strand the slot (and every later request)
                     log.exception("model %s: choosing the next batch failed; the loop takes over", self.name)
                     following = None
                 if following is None:
-                    worker.release()  # wakes the waiting schedulers on their loops
+                    worker.release(width.units)  # wakes the waiting schedulers on their loops
                     more = len(self._queue) > 0
                 else:
                     self.last_decision = following[0]
                     self.in_flight += len(following[1])
+                    if following[2].units < width.units:  # a narrower run next: the rest is free now
+                        worker.release(width.units - following[2].units)
+                        more = len(self._queue) > 0  # for another run beside it
             try:
                 loop.call_soon_threadsafe(self._finish, decision, batch, rows, reading, outcome)
-                if following is None and more:
+                if more:
                     loop.call_soon_threadsafe(self._pump)  # a timer to set, or another device to use
             except RuntimeError:  # NOTE: the loop closed while this run was in flight; nobody waits
                 log.debug("model %s: event loop closed before a run finished; outcome dropped", self.name)
                 if following is not None:
-                    worker.release()
+                    worker.release(following[2].units)
                 return
             if following is None:
                 return
-            decision, batch = following
+            decision, batch, width = following
 
-    def _next_for(self, worker: DeviceWorker) -> tuple[Decision, list[QueuedRequest]] | None:
+    def _next_for(self, worker: DeviceWorker, held: int) -> tuple[Decision, list[QueuedRequest], "_Width"] | None:
         """Under the lock, off the loop: the next batch that is ready now for ``worker``'s device, if no
-        other scheduler waits for that device (fairness between the models sharing it)."""
+        other scheduler waits for that device (fairness between the models sharing it) and it needs no
+        more than the ``held`` units (a wider run waits for the loop to find its cores free)."""
         if worker.others_waiting(self):
             return None
         dead: list[QueuedRequest] = []
@@ -369,7 +434,14 @@ class ModelScheduler:
         if self._devices[decision.plan] != worker.device:
             return None
         batch = self._collect(head, decision.plan, on_loop=False)
-        return None if batch is None else (decision, batch)
+        if batch is None:
+            return None
+        # A batch ready the moment a run ends gathered during it: requests come faster than runs end.
+        batch, width = self._width(decision.plan, batch, worker, busy=True)
+        if width.units > held:
+            return None
+        self._queue.take(batch)
+        return decision, batch, width
 
     def _finish(self, decision: Decision, batch: list[QueuedRequest], rows: list[int], reading: LoadReading,
                 outcome: Any) -> None:
@@ -427,10 +499,14 @@ class ModelScheduler:
             self.counters["fallbacks"] += requests
             self.counters[f"fallback:{decision.plan}"] += requests
 
-    def _execute(self, plan_name: str, feeds: list[dict], rows: list[int]) -> BatchRun:
-        """Worker thread: one batch through ``run_batch`` (falling back to the cpu plan)."""
-        return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows,
-                         self._monitor if self._devices[plan_name] == "gpu" else None)
+    def _execute(self, plan_name: str, feeds: list[dict], rows: list[int], session: str | None = None) -> BatchRun:
+        """Worker thread: one batch through ``run_batch`` (falling back to the cpu plan); ``session``: the
+        one-thread switch's session chosen at dispatch (its cores were taken for it)."""
+        monitor = self._monitor if self._devices[plan_name] == "gpu" else None
+        if session is None or self.single_thread is None:
+            return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows, monitor)
+        with self.single_thread.forced(session):
+            return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows, monitor)
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics. Flat integer counters (present once non-zero):

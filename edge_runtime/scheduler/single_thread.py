@@ -22,17 +22,29 @@ The one-thread session is built the first time a key qualifies, in a background 
 runs stay on the pool meanwhile): a model whose runs are all long never holds it, and the
 daemon's idle memory grows only by what the short models' second sessions take.
 
+Under load the cheaper session is the one that serves more rows per core, not per second:
+the scheduler asks ``session_for`` at dispatch, and a run on the one-thread session takes one
+of the cpu worker's cores (``workers.py``), so on 2 cores two such runs go at once. When
+another run is in flight or more requests wait than this run takes (``throughput``), the
+pool's ms per row counts times its threads; alone, as measured. On the classifier above a
+batch of 8 rows costs 0.55 ms a row on the pool (two threads: 1.1 core-ms) and 0.96 on one
+thread, so one run alone goes to the pool and runs under load go two at a time on one
+thread each. Served unbatched at c=16 on 2 cores (nghttp2's h2load as the client), that took
+the classifier from 935-1,046 to 1,224-1,257 requests/s. The choice made at dispatch is the
+one the run uses (``forced``): the scheduler takes its cores before the run starts.
+
 Both sessions compute the same graph; results may differ in the last bits where a kernel
 splits a sum over threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -72,12 +84,14 @@ class _Key:
         pool_ms = self.ms_per_row.get("pool")
         return self.counted("pool") >= MIN_RUNS and pool_ms is not None and pool_ms * self.rows <= MAX_RUN_MS
 
-    def choose(self, single_ready: bool) -> str:
+    def choose(self, single_ready: bool, pool_threads: int = 1) -> str:
+        """The session for the next run; ``pool_threads`` > 1 compares cost per core (under load)."""
         if not single_ready or not self.short():
             return "pool"
         if self.counted("single") < MIN_RUNS:
             return "single"
-        best = min(SESSIONS, key=lambda s: self.ms_per_row[s])
+        weight = {"pool": float(pool_threads), "single": 1.0}
+        best = min(SESSIONS, key=lambda s: self.ms_per_row[s] * weight[s])
         self.since_explore += 1
         if self.since_explore >= EXPLORE_EVERY:
             self.since_explore = 0
@@ -95,10 +109,12 @@ class SingleThreadSwitch:
     """
 
     def __init__(self, pool: Run, single: Run | None = None, *, build: Callable[[], Any] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, pool_threads: int = 1) -> None:
         if (single is None) == (build is None):
             raise ValueError("give the one-thread session's run or a way to build it, not both")
         self.pool = pool  # the model's own run (its pool session, or the spin policy's switch)
+        self.pool_threads = max(1, pool_threads)  # the pool session's intra-op threads (cores a run takes)
+        self._forced = threading.local()  # a session chosen at dispatch for this thread's next run
         self._runs: dict[str, Run | None] = {"pool": pool, "single": single}
         self._build = build
         self._building: threading.Thread | None = None
@@ -112,15 +128,38 @@ class SingleThreadSwitch:
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         key, rows = _key_of(feeds)
+        forced = getattr(self._forced, "session", None)
         with self._lock:
             entry = self._entry(key, rows)
-            session = entry.choose(self._runs["single"] is not None)
+            if forced is not None and self._runs[forced] is not None:
+                session = forced
+            else:  # not chosen at dispatch, or the one-thread session closed since
+                session = entry.choose(self._runs["single"] is not None) if forced is None else "pool"
             self.runs[session] += 1
             run = self._runs[session]
         started = self._clock()
         outputs = run(feeds)
         self.observe(key, rows, session, (self._clock() - started) * 1e3)
         return outputs
+
+    def session_for(self, shapes: Mapping[str, tuple[int, ...]], *, throughput: bool) -> str:
+        """At dispatch: the session a run of inputs shaped ``shapes`` goes to (``"pool"`` or
+        ``"single"``); ``throughput``: other runs are in flight or waiting, so cost per core decides.
+        Hand the answer to ``forced`` around the run."""
+        key, rows = _key_of(shapes)
+        with self._lock:
+            entry = self._entry(key, rows)
+            return entry.choose(self._runs["single"] is not None, self.pool_threads if throughput else 1)
+
+    @contextlib.contextmanager
+    def forced(self, session: str | None) -> Iterator[None]:
+        """This thread's runs inside the block go to ``session`` (None: chosen by the run, as alone)."""
+        previous = getattr(self._forced, "session", None)
+        self._forced.session = session
+        try:
+            yield
+        finally:
+            self._forced.session = previous
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait for a build in progress; whether the one-thread session is there."""
@@ -183,14 +222,16 @@ class SingleThreadSwitch:
             if self._runs["single"] is None and entry.short():
                 self._start_build()
 
-    def choice(self, feeds: Mapping[str, np.ndarray]) -> str | None:
-        """The session runs of ``feeds``' shapes are served by now (None: not decided yet)."""
+    def choice(self, feeds: Mapping[str, Any], *, throughput: bool = False) -> str | None:
+        """The session runs of ``feeds``' shapes (arrays or shapes) are served by now, alone or under
+        load (``throughput``), leaving exploration aside (None: not decided yet)."""
         key, _ = _key_of(feeds)
+        weight = {"pool": float(self.pool_threads) if throughput else 1.0, "single": 1.0}
         with self._lock:
             entry = self._keys.get(key)
             if entry is None or not entry.short() or entry.counted("single") < MIN_RUNS:
                 return None
-            return min(SESSIONS, key=lambda s: entry.ms_per_row[s])
+            return min(SESSIONS, key=lambda s: entry.ms_per_row[s] * weight[s])
 
     def snapshot(self) -> dict[str, object]:
         """Runs per session and, per decided input-shape key (latest 8), ms per row on each."""
@@ -213,9 +254,10 @@ class SingleThreadSwitch:
         return entry
 
 
-def _key_of(feeds: Mapping[str, np.ndarray]) -> tuple[tuple, int]:
+def _key_of(feeds: Mapping[str, Any]) -> tuple[tuple, int]:
     """(the feeds' names and shapes, the rows of a run: dim 0 of the first input by name, 1 for a scalar;
-    batched inputs share dim 0, so any one of them says it)."""
-    key = tuple(sorted((name, tuple(np.shape(value))) for name, value in feeds.items()))
+    batched inputs share dim 0, so any one of them says it). Values are arrays or their shapes."""
+    key = tuple(sorted((name, tuple(value) if isinstance(value, tuple) else tuple(np.shape(value)))
+                       for name, value in feeds.items()))
     first = key[0][1] if key else ()
     return key, int(first[0]) if first and first[0] > 0 else 1

@@ -11,6 +11,11 @@ models stop scaling past about 4 intra-op threads (and big.LITTLE parts have
 4 fast cores), so extra cores serve more requests at once instead. The gpu
 worker runs one plan at a time (an in-order device queue gains nothing from
 more); a cloud worker allows 4 requests in flight (network-bound).
+
+The cpu worker counts its slots in cores: a run on a plan's own session takes
+``intra_op_threads`` of them, a run on a one-thread session (``single_thread.py``)
+takes one, so on 2 cores either one two-thread run or two one-thread runs go at once
+(what Triton users get from two CPU instances of a model). Other devices count runs.
 """
 
 from __future__ import annotations
@@ -43,21 +48,25 @@ def cpu_split(cores: int) -> CpuSplit:
 class DeviceWorker:
     """Run slots of one device. Loops take slots; a slot is given back by whoever holds it (a worker
     thread that found no next batch), so the counts are guarded by a lock; ``submit`` runs the work
-    in this device's threads.
+    in this device's threads. ``units_per_run`` is what a run takes by default (the cpu worker: its
+    intra-op threads, in cores); ``slots`` runs of that width fit, and narrower runs more.
 
     A scheduler that finds no free slot registers a callback with
     ``when_free``; every release calls the registered callbacks (in
     registration order) on their loops, and they try again.
     """
 
-    def __init__(self, device: str, slots: int, executor: Executor | None = None) -> None:
+    def __init__(self, device: str, slots: int, executor: Executor | None = None, units_per_run: int = 1) -> None:
         self.device = device
         self.slots = max(1, slots)
-        self.in_use = 0
+        self.run_units = max(1, units_per_run)
+        self.capacity = self.slots * self.run_units  # units (cores on the cpu worker)
+        self.in_use = 0  # units held by runs in flight
         self._lock = threading.Lock()
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, Callable[[], None], object]] = deque()
         self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(self.slots, thread_name_prefix=f"edge-runtime-{device}")
+        # As many threads as one-unit runs can be in flight at once.
+        self._executor = executor or ThreadPoolExecutor(self.capacity, thread_name_prefix=f"edge-runtime-{device}")
 
     @property
     def waiting(self) -> int:
@@ -70,32 +79,37 @@ class DeviceWorker:
 
     def wait_runs(self) -> float:
         """Roughly how many run-lengths a new run would wait for a slot (0 when one is free)."""
-        if self.in_use < self.slots:
+        if self.has_room():
             return 0.0
         return (self.waiting + 1) / self.slots
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free (on a loop)."""
+    def has_room(self, units: int | None = None) -> bool:
+        """Whether a run of ``units`` (default: a full run) would find them free now."""
+        return self.in_use + (units or self.run_units) <= self.capacity
+
+    def try_acquire(self, units: int | None = None) -> bool:
+        """Take ``units`` (default: a full run's) if they are free (on a loop)."""
+        units = units or self.run_units
         with self._lock:
-            if self.in_use < self.slots:
-                self.in_use += 1
+            if self.in_use + units <= self.capacity:
+                self.in_use += units
                 return True
             return False
 
-    def when_free(self, callback: Callable[[], None], owner: object = None) -> None:
-        """Call ``callback`` (soon, on the current loop) after the next release, or now if one came first;
-        ``owner`` (the waiting scheduler) lets ``others_waiting`` tell its own waiters apart."""
+    def when_free(self, callback: Callable[[], None], owner: object = None, units: int = 1) -> None:
+        """Call ``callback`` (soon, on the current loop) after the next release, or now if ``units`` came
+        free first; ``owner`` (the waiting scheduler) lets ``others_waiting`` tell its own waiters apart."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self.in_use >= self.slots:
+            if self.in_use + units > self.capacity:
                 self._waiters.append((loop, callback, owner))
                 return
         loop.call_soon(callback)  # released between the caller's check and now: no wake-up is lost
 
-    def release(self) -> None:
-        """Give a slot back (any thread) and wake every waiter to try again."""
+    def release(self, units: int | None = None) -> None:
+        """Give ``units`` back (default: a full run's; any thread) and wake every waiter to try again."""
         with self._lock:
-            self.in_use = max(0, self.in_use - 1)
+            self.in_use = max(0, self.in_use - (units or self.run_units))
             waiters, self._waiters = self._waiters, deque()
         for loop, callback, _ in waiters:
             if not loop.is_closed():
@@ -128,8 +142,11 @@ class DeviceWorkers:
 
     def worker(self, device: str) -> DeviceWorker:
         if device not in self._workers:
-            slots = self.cpu.concurrent_runs if device == "cpu" else _SLOTS.get(device, 1)
-            self._workers[device] = DeviceWorker(device, slots, self._executor)
+            if device == "cpu":
+                worker = DeviceWorker(device, self.cpu.concurrent_runs, self._executor, self.cpu.intra_op_threads)
+            else:
+                worker = DeviceWorker(device, _SLOTS.get(device, 1), self._executor)
+            self._workers[device] = worker
         return self._workers[device]
 
     def close(self) -> None:

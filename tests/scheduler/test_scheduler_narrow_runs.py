@@ -1,0 +1,206 @@
+"""Under load a small cpu model's runs go one thread each, side by side, where that is measured
+cheaper per core (``scheduler/single_thread.py``, the cpu worker's slots in cores: ``workers.py``).
+
+Decisions are checked with sessions whose cost is set by the test on a per-thread fake clock
+(nothing depends on this machine's speed), while each run also sleeps for real so that runs
+that may overlap do; the daemon's wiring is checked on the default configuration with real
+sessions and timings: the answers must equal plain ONNX Runtime's and every decided shape must
+be served by the session its own measurements make cheaper per core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+
+from edge_runtime.scheduler import DeviceWorkers, ModelScheduler, model_config
+from edge_runtime.scheduler.factory import scheduler_for, serving_options
+from edge_runtime.scheduler.plans import CallablePlan
+from edge_runtime.scheduler.single_thread import MIN_RUNS, SingleThreadSwitch
+from edge_runtime.scheduler.workers import DeviceWorker
+from scheduler_fakes import assert_like_ort
+
+REAL_S = 0.02  # what every fake run also sleeps: long enough for runs dispatched together to overlap
+
+
+class _Sessions:
+    """A pool session of ``threads`` threads and a one-thread session whose runs cost the given ms per
+    row on a per-thread fake clock; records each run's session, rows and the overlap of runs."""
+
+    def __init__(self, pool_ms_per_row: float, single_ms_per_row: float, threads: int = 2) -> None:
+        self.cost = {"pool": pool_ms_per_row, "single": single_ms_per_row}
+        self.threads = threads
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.cores_busy = 0
+        self.peak_cores = 0
+        self.peak_single = 0
+        self._single = 0
+        self.runs: list[tuple[str, int]] = []
+
+    def clock(self) -> float:
+        return getattr(self._local, "now", 0.0)
+
+    def run(self, name: str):
+        cores = self.threads if name == "pool" else 1
+
+        def call(feeds):
+            rows = feeds["input"].shape[0]
+            with self._lock:
+                self.cores_busy += cores
+                self._single += name == "single"
+                self.peak_cores = max(self.peak_cores, self.cores_busy)
+                self.peak_single = max(self.peak_single, self._single)
+                self.runs.append((name, rows))
+            time.sleep(REAL_S)
+            self._local.now = self.clock() + self.cost[name] * rows / 1e3
+            with self._lock:
+                self.cores_busy -= cores
+                self._single -= name == "single"
+            return {"output": feeds["input"] * 2.0}
+        return call
+
+    def switch(self) -> SingleThreadSwitch:
+        return SingleThreadSwitch(self.run("pool"), self.run("single"), clock=self.clock, pool_threads=self.threads)
+
+
+def _scheduler(sessions: _Sessions, batching: dict | None = None) -> tuple[ModelScheduler, DeviceWorkers]:
+    from backends.base import TensorSpec
+
+    switch = sessions.switch()
+    plan = CallablePlan("cpu", ("cpu",), switch)
+    workers = DeviceWorkers(cpu_cores=sessions.threads)
+    config = model_config({"batching": batching or {"max_batch_size": 0}, "scheduler": {"inline_max_ms": 0}})
+    spec = [TensorSpec("input", "float32", ("batch", 4))]
+    return ModelScheduler("m", spec, {"cpu": plan}, config, outputs=[TensorSpec("output", "float32", ("batch", 4))],
+                          workers=workers, default_plan="cpu", single_thread=switch), workers
+
+
+def _x(k: float, rows: int = 1) -> dict[str, np.ndarray]:
+    return {"input": np.full((rows, 4), k, np.float32)}
+
+
+def test_a_switch_compares_cost_per_core_under_load_and_time_per_run_alone() -> None:
+    """0.6 ms a row on two threads (1.2 core-ms) against 0.9 on one: alone the pool, under load one thread."""
+    sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
+    switch = sessions.switch()
+    for _ in range(2 * (MIN_RUNS + 1)):  # measures both sessions (pool first)
+        switch(_x(1.0, 4))
+    shapes = {"input": (4, 4)}
+    assert switch.session_for(shapes, throughput=False) == "pool"
+    assert switch.session_for(shapes, throughput=True) == "single"
+    cheap_pool = _Sessions(pool_ms_per_row=0.4, single_ms_per_row=0.9).switch()  # 0.8 core-ms: the pool wins both
+    for _ in range(2 * (MIN_RUNS + 1)):
+        cheap_pool(_x(1.0, 4))
+    assert cheap_pool.session_for(shapes, throughput=True) == "pool"
+
+
+def test_a_session_chosen_at_dispatch_is_the_one_the_run_uses() -> None:
+    sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
+    switch = sessions.switch()
+    with switch.forced("single"):
+        switch(_x(1.0))
+    with switch.forced("pool"):
+        switch(_x(1.0))
+    assert [name for name, _ in sessions.runs] == ["single", "pool"]  # a first run of a shape goes to the pool
+    switch.close()  # no one-thread session any more: a run bound to it goes to the pool
+    with switch.forced("single"):
+        np.testing.assert_array_equal(switch(_x(3.0))["output"], np.full((1, 4), 6.0, np.float32))
+    assert sessions.runs[-1][0] == "pool"
+
+
+def test_the_cpu_worker_counts_cores_a_full_run_takes_all_and_narrow_runs_one_each() -> None:
+    worker = DeviceWorkers(cpu_cores=2).worker("cpu")
+    assert (worker.capacity, worker.run_units) == (2, 2)
+    assert worker.try_acquire(1) and worker.try_acquire(1)
+    assert not worker.try_acquire(1) and not worker.has_room(1)
+    worker.release(1)
+    assert not worker.try_acquire() and worker.wait_runs() > 0  # a full run needs both cores
+    worker.release(1)
+    assert worker.try_acquire() and not worker.try_acquire(1)
+    worker.release()
+    assert worker.in_use == 0 and worker.wait_runs() == 0.0
+    gpu = DeviceWorker("gpu", 1)
+    assert (gpu.capacity, gpu.run_units) == (1, 1)
+    worker.close()
+    gpu.close()
+
+
+async def test_under_load_one_thread_runs_go_two_at_a_time_on_two_cores_and_never_beside_a_pool_run() -> None:
+    sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
+    sched, workers = _scheduler(sessions)
+    try:
+        async with sched:
+            for k in range(2 * (MIN_RUNS + 1)):  # one at a time: both sessions measured, pool first
+                out = await sched.infer(_x(k))
+                np.testing.assert_array_equal(out.outputs["output"], _x(2.0 * k)["input"])
+            alone = [name for name, _ in sessions.runs]
+            assert alone == ["pool"] * (MIN_RUNS + 1) + ["single"] * (MIN_RUNS + 1)
+            assert (await sched.infer(_x(1.0))).outputs["output"].shape == (1, 4)
+            assert sessions.runs[-1][0] == "pool"  # alone: the session with the shorter run
+            before = len(sessions.runs)
+            results = await asyncio.gather(*(sched.infer(_x(k)) for k in range(24)))
+    finally:
+        workers.close()
+    for k, result in enumerate(results):
+        np.testing.assert_array_equal(result.outputs["output"], _x(2.0 * k)["input"])
+    loaded = [name for name, _ in sessions.runs[before:]]
+    assert loaded.count("single") >= 20, loaded  # under load: cheaper per core (one pool run in 64 explores)
+    assert sessions.peak_single == 2, sessions.runs  # two one-thread runs at once on the two cores
+    assert sessions.peak_cores == 2  # never a pool run beside another run: the cores are not oversubscribed
+
+
+async def test_a_busy_batch_is_split_over_the_cores_as_one_thread_runs() -> None:
+    sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
+    sched, workers = _scheduler(sessions, {"max_batch_size": 16, "max_queue_delay_us": 100_000})
+    try:
+        async with sched:
+            for k in range(4 * (MIN_RUNS + 1)):  # every shape seen below measured on both sessions
+                await asyncio.gather(*(sched.infer(_x(k)) for _ in range(1 + k % 4)))
+            before = len(sessions.runs)
+            results = await asyncio.gather(*(sched.infer(_x(k)) for k in range(32)))
+    finally:
+        workers.close()
+    for k, result in enumerate(results):
+        np.testing.assert_array_equal(result.outputs["output"], _x(2.0 * k)["input"])
+    loaded = sessions.runs[before:]
+    assert sum(rows for _, rows in loaded) == 32
+    assert max(rows for _, rows in loaded) <= 8, loaded  # 16 rows waiting: a share of 8 per core at most
+    assert sessions.peak_cores == 2
+
+
+async def test_default_configuration_under_load_serves_each_shape_by_its_cost_per_core(runtime, cnn) -> None:
+    """The daemon's scheduler on real sessions and timings: a burst of requests after a few alone."""
+    path, proto = cnn
+    config = model_config({"batching": {"max_batch_size": 8}})
+    model = runtime.load(path, backend="cpu", options=serving_options(runtime, config))
+    sched = scheduler_for(model, config, runtime, None)
+    switch = sched.single_thread
+    assert switch is not None and switch.pool_threads == 2
+    rng = np.random.default_rng(21)
+    feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(64)]
+    try:
+        async with sched:
+            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]
+            await asyncio.to_thread(switch.wait_ready, 60.0)
+            for start in range(MIN_RUNS + 1, 64, 16):
+                results += await asyncio.gather(*(sched.infer(feed) for feed in feeds[start:start + 16]))
+            snapshot = switch.snapshot()
+            decided = {label: switch.choice({"input": (int(label.split(":")[1].split("x")[0]), 3, 32, 32)},
+                                            throughput=True)
+                       for label in snapshot["ms_per_row"]}
+    finally:
+        sched.discard()
+        model.close()
+    assert_like_ort(proto, feeds, results, "probabilities")
+    assert snapshot["runs"]["pool"] >= MIN_RUNS + 1, snapshot
+    assert any(choice is not None for choice in decided.values()), snapshot  # some shape decided
+    for label, choice in decided.items():
+        if choice is None:
+            continue
+        measured = snapshot["ms_per_row"][label]
+        per_core = {"pool": measured["pool"] * 2, "single": measured["single"]}
+        assert choice == min(per_core, key=per_core.__getitem__), (label, measured, choice)
