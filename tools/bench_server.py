@@ -38,6 +38,11 @@ at its best batch (8 and 16 rows per run spinning, 16 without spinning): rows/s 
 ceiling a batching server could reach in this process. ``spin`` gives each cls daemon's
 runs on its spinning session and on its quiet twin (``edge_runtime.spin`` metadata).
 
+Where nghttp2's ``h2load`` is installed (Debian ``nghttp2-client``), every c=16 side on ``cls`` is
+measured a second time with it (``c16_h2load_*``; ``configurations["h2load"]``): a client in C,
+where the aiohttp client takes about as much CPU per request as the daemon's event loop, and
+both share the same 2 cores as the daemon. The figures with the Python client stay beside them.
+
 Per-phase breakdown of the daemon's time (mean per request): ``queue`` and
 ``compute`` from each response's parameters, ``decode``/``encode`` by timing the
 same codec calls on the same bodies in this process, ``transport`` the rest
@@ -73,6 +78,8 @@ from bench_server_sides import (  # noqa: E402  (needs the path above)
     RssSampler,
     closed_loop,
     codec_phases_us,
+    h2load_available,
+    h2load_loop,
     ocr_model,
     ort_loop,
     plot,
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     batches = {rows: np.repeat(cls_x, rows, axis=0) for rows in (8, 16)}
     warm = 1.0 if args.quick else 2.0
     daemons = {"batched": edge, **variants}
+    use_h2load = h2load_available() and not args.no_h2load
     try:
         edge_rss, kserve_rss = RssSampler(edge.process.pid), RssSampler(kserve.process.pid) if kserve else None
         for url, model, body in ((edge.url, "cls", cls_body), (edge_det.url, "det", det_body),
@@ -199,6 +207,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             server = daemons[label]
             return lambda: with_cpu_share(server.process.pid, lambda: asyncio.run(
                 closed_loop(server.url, "cls", cls_body, 16, args.duration_s)))
+
+        def c16_h2load(label: str) -> Any:
+            server = daemons[label]
+            return lambda: with_cpu_share(server.process.pid, lambda: h2load_loop(
+                server.url, "cls", cls_body, 16, args.duration_s))
 
         rounds = []
         with contextlib.ExitStack() as samplers:
@@ -234,6 +247,15 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 if kserve:
                     sides.insert(1, ("c16_kserve", lambda: asyncio.run(
                         closed_loop(kserve.url, "cls", cls_body, 16, args.duration_s))))
+                if use_h2load:  # each beside its aiohttp twin, so both see the same moment's machine
+                    for label in daemons:
+                        aiohttp_side = "c16_edge" if label == "batched" else f"c16_edge_{label}"
+                        twin = [name for name, _ in sides].index(aiohttp_side)
+                        sides.insert(twin + 1, (f"c16_h2load_{label}", c16_h2load(label)))
+                    if kserve:
+                        twin = [name for name, _ in sides].index("c16_kserve")
+                        sides.insert(twin + 1, ("c16_h2load_kserve", lambda: h2load_loop(
+                            kserve.url, "cls", cls_body, 16, args.duration_s)))
                 shift = index % len(sides)  # a different side goes first in every round
                 rounds.append({name: measure() for name, measure in sides[shift:] + sides[:shift]})
         peak = {"edge": edge_rss.peak_mib, "kserve": kserve_rss.peak_mib if kserve_rss else None}
@@ -248,6 +270,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     result["configurations"] = configurations(result, rounds, idle_cpu)
     result["spin"] = spin_after  # per cls daemon: runs on the spinning session / its quiet twin, cost curve
     result["acceptance_batching"] = batching_acceptance(result)
+    if "h2load" in result["configurations"]:
+        result["acceptance_batching_h2load"] = batching_acceptance(result, result["configurations"]["h2load"])
     return result
 
 
@@ -304,12 +328,32 @@ def configurations(result: dict[str, Any], rounds: list[dict[str, Any]],
             "batching_gain": round(entry["rps"] / unbatched, 2),
             "cpu_share_idle": idle_cpu.get(label), "cpu_share_loaded": entry.get("cpu_share"),
         }
+    if any("c16_h2load_batched" in r for r in rounds):
+        table["h2load"] = h2load_configurations(rounds, one_at_a_time, sides, idle_cpu)
     return table
 
 
-def batching_acceptance(result: dict[str, Any]) -> dict[str, bool]:
-    """The dynamic-batching issue's figures on this run."""
-    table = result["configurations"]
+def h2load_configurations(rounds: list[dict[str, Any]], one_at_a_time: float, labels: Any,
+                          idle_cpu: dict[str, float]) -> dict[str, Any]:
+    """The c=16 figures of ``configurations`` with h2load as the client (its best round per side)."""
+    kserve = best(rounds, "c16_h2load_kserve", "rps", lower=False)["rps"] \
+        if any("c16_h2load_kserve" in r for r in rounds) else None
+    unbatched = best(rounds, "c16_h2load_unbatched", "rps", lower=False)["rps"]
+    table = {}
+    for label in labels:
+        entry = best(rounds, f"c16_h2load_{label}", "rps", lower=False)
+        table[label] = {"rows_per_s": entry["rps"], "mean_ms": entry["mean_ms"], "errors": entry["errors"],
+                        "vs_ort_one_at_a_time": round(entry["rps"] / one_at_a_time, 2),
+                        "vs_kserve": round(entry["rps"] / kserve, 2) if kserve else None,
+                        "batching_gain": round(entry["rps"] / unbatched, 2),
+                        "cpu_share_idle": idle_cpu.get(label), "cpu_share_loaded": entry.get("cpu_share")}
+    table["kserve_rows_per_s"] = kserve
+    return table
+
+
+def batching_acceptance(result: dict[str, Any], table: dict[str, Any] | None = None) -> dict[str, bool]:
+    """The dynamic-batching issue's figures on this run (``table``: the h2load configurations)."""
+    table = table or result["configurations"]
     batched, unbatched = table["batched"], table["unbatched"]
     return {
         "c16_batched_at_least_1.3x_ort": batched["vs_ort_one_at_a_time"] >= 1.3,
@@ -394,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=4.0, help="seconds per cls side per round")
     parser.add_argument("--det-duration-s", type=float, default=6.0, help="seconds per det side per round")
     parser.add_argument("--quick", action="store_true", help="1 round, short phases (about 1.5 minutes)")
+    parser.add_argument("--no-h2load", action="store_true", help="leave out the c=16 sides driven by h2load")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
     if args.quick:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+import shutil
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -77,6 +81,38 @@ async def closed_loop(url: str, model: str, body: tuple[bytes, dict[str, str]], 
     result["errors"] = errors
     result["server_us"] = {k: round(float(np.mean(v)), 1) for k, v in server.items() if v} or None
     return result
+
+
+def h2load_available() -> bool:
+    return shutil.which("h2load") is not None
+
+
+def h2load_loop(url: str, model: str, body: tuple[bytes, dict[str, str]], concurrency: int,
+                duration_s: float) -> dict[str, Any]:
+    """``concurrency`` HTTP/1.1 connections sending ``body`` back to back for ``duration_s`` with nghttp2's
+    ``h2load`` (Debian ``nghttp2-client``): a client in C, which takes a small share of the cores the
+    server shares with it, where the aiohttp clients of ``closed_loop`` take about as much CPU per
+    request as the daemon's event loop (serving benchmarks use a C client: Triton's perf_analyzer, wrk)."""
+    data, headers = body
+    with tempfile.NamedTemporaryFile(prefix="h2load-body-", suffix=".bin") as handle:
+        handle.write(data)
+        handle.flush()
+        command = ["h2load", "--h1", "-c", str(concurrency), "-t", "1", "-m", "1", "-D", f"{duration_s:g}",
+                   "-d", handle.name, *[f"-H{name}: {value}" for name, value in headers.items()],
+                   f"{url}/v2/models/{model}/infer"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=duration_s + 60).stdout
+    finished = re.search(r"finished in ([\d.]+)s, ([\d.]+) req/s", out)
+    counts = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded", out)
+    codes = re.search(r"status codes: (\d+) 2xx", out)
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+([\d.]+)(us|ms|s)\b", out)
+    if not (finished and counts and codes):
+        raise RuntimeError(f"h2load printed no summary: {out[-1500:]}")
+    seconds = float(finished.group(1))
+    ok = int(codes.group(1))
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    return {"n": ok, "rps": round(ok / max(seconds, 1e-9), 1), "errors": int(counts.group(1)) - ok,
+            "mean_ms": round(float(mean.group(1)) * scale[mean.group(2)], 3) if mean else None,
+            "client": "h2load"}
 
 
 def ort_loop(session: Any, feed: Mapping[str, np.ndarray], duration_s: float) -> dict[str, Any]:
