@@ -30,10 +30,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from backends.base import TensorSpec
 from edge_runtime.errors import DeadlineExceededError, EdgeRuntimeError
@@ -59,34 +56,13 @@ log = logging.getLogger(__name__)
 PlanChooser = Callable[[Mapping[str, Plan], QueuedRequest], str]
 
 
-@dataclass(frozen=True)
-class _Width:
-    """What a run takes of its device: ``units`` (cores on the cpu worker) and, on the cpu plan of a
-    model with a one-thread switch, the ``session`` it is bound to (``"pool"`` or ``"single"``)."""
+class _Width(NamedTuple):
+    """What a run takes of its device: ``units`` (cores on the cpu worker) and, on the cpu plan of an
+    unbatched model with a one-thread switch, the ``session`` it is bound to (``"pool"``, ``"single"``;
+    None: the switch chooses when the run starts)."""
 
     units: int
     session: str | None
-
-
-def _run_shapes(batch: list[QueuedRequest]) -> dict[str, tuple[int, ...]]:
-    """The input shapes of ``batch``'s run: its requests' rows joined along dim 0 (``join_feeds``)."""
-    first = batch[0].feeds
-    if len(batch) == 1:
-        return {name: tuple(np.shape(value)) for name, value in first.items()}
-    total = sum(entry.rows or 1 for entry in batch)
-    return {name: (total, *np.shape(value)[1:]) for name, value in first.items()}
-
-
-def _share(batch: list[QueuedRequest], cores: int) -> list[QueuedRequest]:
-    """The leading requests of ``batch`` holding about a ``cores``-th of its rows (at least one)."""
-    cap = -(-sum(entry.rows or 1 for entry in batch) // cores)
-    share, rows = [], 0
-    for entry in batch:
-        if share and rows + (entry.rows or 1) > cap:
-            break
-        share.append(entry)
-        rows += entry.rows or 1
-    return share
 
 
 class ModelScheduler:
@@ -286,8 +262,7 @@ class ModelScheduler:
                 if batch is None:
                     return None  # a batch timer is set
                 # Under load when another run is in flight or more waits than this batch takes.
-                batch, width = self._width(decision.plan, batch, worker,
-                                           busy=worker.in_use > 0 or len(self._queue) > len(batch))
+                width = self._width(decision.plan, batch, worker, busy=worker.in_use > 0 or len(self._queue) > 1)
                 # Only loops take slots (worker threads give them back), but a wider run than the
                 # narrowest may still not fit: it waits, queued, for the cores it needs.
                 if not worker.try_acquire(width.units):
@@ -306,20 +281,22 @@ class ModelScheduler:
             self._waiting_for.add(device)
             worker.when_free(lambda: self._slot_freed(device), owner=self, units=units)
 
-    def _width(self, plan_name: str, batch: list[QueuedRequest], worker: DeviceWorker, *,
-               busy: bool) -> tuple[list[QueuedRequest], "_Width"]:
-        """Under the lock: the run to make of ``batch`` (all of it, or under load its share of the
-        cores), the device units it takes and the session of the cpu plan's one-thread switch it is
-        bound to (``single_thread.py``). ``busy``: the model is under load, so the cost per core
-        decides (runs fill every core) rather than the run's own time, and a batch is split over the
-        cores: a share per core runs as a one-thread run beside the next, where that is measured
-        cheaper per core than the whole batch split inside each kernel by the pool."""
-        if plan_name != self._switch_plan or worker.run_units == 1:
-            return batch, _Width(worker.run_units, None)
-        if busy and len(batch) > 1:
-            batch = _share(batch, worker.run_units)
-        session = self.single_thread.session_for(_run_shapes(batch), throughput=busy)
-        return batch, _Width(1 if session == "single" else worker.run_units, session)
+    def _width(self, plan_name: str, batch: list[QueuedRequest], worker: DeviceWorker, *, busy: bool) -> "_Width":
+        """Under the lock: the device units a run of ``batch`` takes and the session of the cpu plan's
+        one-thread switch it is bound to (``single_thread.py``). ``busy``: an unbatched model under
+        load, where cost per core decides and a one-thread run takes one core, beside the next.
+
+        A batching model keeps one run at a time on its cores, the session chosen by the run's own
+        time: splitting its batches over one-thread runs was measured slower in process (the zoo's
+        MobileNet, 0.19 ms a row per core either way: 4,200-5,800 rows/s against 6,100-6,900 on the
+        pool; more runs' Python, the GIL contended), and a batch already lets the pool's threads share
+        the rows."""
+        if plan_name != self._switch_plan or worker.run_units == 1 or self.batching:
+            return _Width(worker.run_units, None)
+        plan = self.single_thread.plan_run(batch[0].feeds, throughput=busy)  # unbatched: one request a run
+        if not plan.beside:  # all the cores, as a batching model's run: the switch chooses when it starts
+            return _Width(worker.run_units, None)
+        return _Width(1, plan.session)
 
     def _inline_now(self, batch: list[QueuedRequest], worker: DeviceWorker, units: int) -> bool:
         """Under the lock, ``units`` just taken for ``batch``: whether it runs on the loop (``inline.py``)."""
@@ -437,7 +414,7 @@ class ModelScheduler:
         if batch is None:
             return None
         # A batch ready the moment a run ends gathered during it: requests come faster than runs end.
-        batch, width = self._width(decision.plan, batch, worker, busy=True)
+        width = self._width(decision.plan, batch, worker, busy=True)
         if width.units > held:
             return None
         self._queue.take(batch)
@@ -505,8 +482,12 @@ class ModelScheduler:
         monitor = self._monitor if self._devices[plan_name] == "gpu" else None
         if session is None or self.single_thread is None:
             return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows, monitor)
-        with self.single_thread.forced(session):
+        switch = self.single_thread
+        switch.bind(session)
+        try:
             return run_batch(self.name, self.plans, plan_name, self._cpu_plan, feeds, rows, monitor)
+        finally:
+            switch.bind(None)
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics. Flat integer counters (present once non-zero):

@@ -22,16 +22,17 @@ The one-thread session is built the first time a key qualifies, in a background 
 runs stay on the pool meanwhile): a model whose runs are all long never holds it, and the
 daemon's idle memory grows only by what the short models' second sessions take.
 
-Under load the cheaper session is the one that serves more rows per core, not per second:
-the scheduler asks ``session_for`` at dispatch, and a run on the one-thread session takes one
-of the cpu worker's cores (``workers.py``), so on 2 cores two such runs go at once. When
-another run is in flight or more requests wait than this run takes (``throughput``), the
-pool's ms per row counts times its threads; alone, as measured. On the classifier above a
-batch of 8 rows costs 0.55 ms a row on the pool (two threads: 1.1 core-ms) and 0.96 on one
-thread, so one run alone goes to the pool and runs under load go two at a time on one
-thread each. Served unbatched at c=16 on 2 cores (nghttp2's h2load as the client), that took
-the classifier from 935-1,046 to 1,224-1,257 requests/s. The choice made at dispatch is the
-one the run uses (``forced``): the scheduler takes its cores before the run starts.
+Under load an unbatched model's cheaper session is the one that serves more rows per core,
+not per second: the scheduler asks ``plan_run`` at dispatch, and a run bound to the one-thread
+session takes one of the cpu worker's cores (``workers.py``), so on 2 cores two such runs go at
+once. When another run is in flight or more requests wait (``throughput``), the pool's ms per
+row counts times its threads (and ``SIDE_BY_SIDE_MARGIN``); alone, as measured. On the
+classifier one row costs 0.92 ms on one thread and 1.21 on the two-thread pool (2.4 core-ms):
+served unbatched at c=16 on 2 cores, two one-thread runs side by side took it from 922-1,046
+to 1,226-1,261 requests/s. The session chosen at dispatch is the one the run uses (``bind``):
+the scheduler takes its cores before the run starts. Runs too short to pay for their own
+Python (``SIDE_BY_SIDE_MIN_MS``) and a batching model's runs keep every core, one at a time,
+the session chosen when the run starts, as before.
 
 Both sessions compute the same graph; results may differ in the last bits where a kernel
 splits a sum over threads.
@@ -39,24 +40,33 @@ splits a sum over threads.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from edge_runtime.heap_trim import release_free_heap
 
-__all__ = ["EXPLORE_EVERY", "MAX_RUN_MS", "MIN_RUNS", "SingleThreadSwitch"]
+__all__ = ["EXPLORE_EVERY", "MAX_RUN_MS", "MIN_RUNS", "SIDE_BY_SIDE_MIN_MS", "RunPlan", "SingleThreadSwitch"]
 
 log = logging.getLogger(__name__)
 
 MIN_RUNS = 3  # counted runs on each session before a key is decided
 EXPLORE_EVERY = 64  # runs of a decided key between two runs on the session it does not serve by
 MAX_RUN_MS = 5.0  # pool runs of a key longer than this: the key stays on the pool, never tried on one thread
+# One-thread runs shorter than this (the fastest measured) never go side by side: the scheduler's own
+# Python per run (~0.1 ms, holding the GIL) is then most of a run, and two at once only contend for it
+# (the zoo's mlp, 7 us runs, served unbatched at c=16 in process, alternating: 6,950-7,080 rows/s side
+# by side against 8,340-8,770 one run at a time).
+SIDE_BY_SIDE_MIN_MS = 0.1
+# Under load one thread must cost this much less per core than the pool to go side by side: such runs
+# pay more of the GIL's contention than their own times show. A choice, not a measurement: the
+# classifier's row costs 0.92 ms on one thread against 2.4 core-ms on the pool, far beyond it.
+SIDE_BY_SIDE_MARGIN = 0.85
 ALPHA = 0.2  # EWMA weight of a new run
 MAX_KEYS = 64  # input-shape keys remembered (least recently used dropped first)
 BUILD_JOIN_S = 30.0  # close() waits this long at most for a build in progress
@@ -68,12 +78,15 @@ SESSIONS = ("pool", "single")
 class _Key:
     """What is known of one input-shape key: runs seen and EWMA ms per row, per session."""
 
-    __slots__ = ("rows", "seen", "ms_per_row", "since_explore")
+    __slots__ = ("rows", "seen", "ms_per_row", "fastest", "since_explore")
 
     def __init__(self, rows: int) -> None:
         self.rows = rows  # rows of each run of this key (the long-run bound is on a run, not a row)
         self.seen = {"pool": 0, "single": 0}
         self.ms_per_row: dict[str, float] = {}
+        # The fastest counted run per session: what the run itself costs. Under load a run's time also
+        # holds its wait for the GIL after ONNX Runtime returns, which inflates the average of short runs.
+        self.fastest: dict[str, float] = {}
         self.since_explore = 0
 
     def counted(self, session: str) -> int:
@@ -84,19 +97,44 @@ class _Key:
         pool_ms = self.ms_per_row.get("pool")
         return self.counted("pool") >= MIN_RUNS and pool_ms is not None and pool_ms * self.rows <= MAX_RUN_MS
 
+    def decided(self) -> bool:
+        return self.short() and self.counted("single") >= MIN_RUNS
+
+    def side_by_side(self) -> bool:
+        """Whether a one-thread run of this key is long enough to run beside another."""
+        single_ms = self.fastest.get("single")
+        return single_ms is not None and single_ms * self.rows >= SIDE_BY_SIDE_MIN_MS
+
+    def cheaper(self, pool_threads: int = 1) -> str:
+        """The session measured cheaper (both measured): per run, or with ``pool_threads`` > 1 per core
+        where a one-thread run may go beside another (the pool's row counted once per thread)."""
+        weight = {"pool": 1.0, "single": 1.0}
+        if pool_threads > 1 and self.side_by_side():
+            weight["pool"] = pool_threads * SIDE_BY_SIDE_MARGIN
+        return min(SESSIONS, key=lambda s: self.ms_per_row[s] * weight[s])
+
     def choose(self, single_ready: bool, pool_threads: int = 1) -> str:
-        """The session for the next run; ``pool_threads`` > 1 compares cost per core (under load)."""
+        """The session for the next run; ``pool_threads`` > 1 compares cost per core (under load,
+        where a one-thread run of this key may go beside another)."""
         if not single_ready or not self.short():
             return "pool"
         if self.counted("single") < MIN_RUNS:
             return "single"
-        weight = {"pool": float(pool_threads), "single": 1.0}
-        best = min(SESSIONS, key=lambda s: self.ms_per_row[s] * weight[s])
+        best = self.cheaper(pool_threads)
         self.since_explore += 1
         if self.since_explore >= EXPLORE_EVERY:
             self.since_explore = 0
             return "pool" if best == "single" else "single"
         return best
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How one run goes: on which ``session``, and whether it may run ``beside`` another (a one-thread
+    run long enough to pay for its own Python: one core of the worker)."""
+
+    session: str | None  # None: chosen when the run starts (``__call__``), as for a run alone
+    beside: bool
 
 
 class SingleThreadSwitch:
@@ -142,24 +180,23 @@ class SingleThreadSwitch:
         self.observe(key, rows, session, (self._clock() - started) * 1e3)
         return outputs
 
-    def session_for(self, shapes: Mapping[str, tuple[int, ...]], *, throughput: bool) -> str:
-        """At dispatch: the session a run of inputs shaped ``shapes`` goes to (``"pool"`` or
-        ``"single"``); ``throughput``: other runs are in flight or waiting, so cost per core decides.
-        Hand the answer to ``forced`` around the run."""
+    def plan_run(self, shapes: Mapping[str, Any], *, throughput: bool) -> RunPlan:
+        """At dispatch: the session a run of inputs ``shapes`` (arrays or shapes) goes to (``bind`` it)
+        and whether it may run beside another; ``throughput``: other runs are in flight or waiting,
+        so cost per core decides."""
+        ready = self._runs["single"] is not None
         key, rows = _key_of(shapes)
         with self._lock:
             entry = self._entry(key, rows)
-            return entry.choose(self._runs["single"] is not None, self.pool_threads if throughput else 1)
+            if not (throughput and entry.side_by_side()):  # as alone: the run chooses when it starts
+                return RunPlan(None, False)
+            session = entry.choose(ready, self.pool_threads)
+            return RunPlan(session, session == "single")
 
-    @contextlib.contextmanager
-    def forced(self, session: str | None) -> Iterator[None]:
-        """This thread's runs inside the block go to ``session`` (None: chosen by the run, as alone)."""
-        previous = getattr(self._forced, "session", None)
+    def bind(self, session: str | None) -> None:
+        """This thread's next runs go to ``session`` until bound to None (chosen by the run, as alone).
+        (A method rather than a context manager: it is on every run's path.)"""
         self._forced.session = session
-        try:
-            yield
-        finally:
-            self._forced.session = previous
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait for a build in progress; whether the one-thread session is there."""
@@ -217,6 +254,7 @@ class SingleThreadSwitch:
             if entry.seen[session] == 1:
                 return
             sample = ms / rows
+            entry.fastest[session] = min(sample, entry.fastest.get(session, sample))
             previous = entry.ms_per_row.get(session)
             entry.ms_per_row[session] = sample if previous is None else previous + ALPHA * (sample - previous)
             if self._runs["single"] is None and entry.short():
@@ -226,22 +264,24 @@ class SingleThreadSwitch:
         """The session runs of ``feeds``' shapes (arrays or shapes) are served by now, alone or under
         load (``throughput``), leaving exploration aside (None: not decided yet)."""
         key, _ = _key_of(feeds)
-        weight = {"pool": float(self.pool_threads) if throughput else 1.0, "single": 1.0}
         with self._lock:
             entry = self._keys.get(key)
-            if entry is None or not entry.short() or entry.counted("single") < MIN_RUNS:
+            if entry is None or not entry.decided():
                 return None
-            return min(SESSIONS, key=lambda s: entry.ms_per_row[s] * weight[s])
+            return entry.cheaper(self.pool_threads if throughput else 1)
 
     def snapshot(self) -> dict[str, object]:
-        """Runs per session and, per decided input-shape key (latest 8), ms per row on each."""
+        """Runs per session and, per decided input-shape key (latest 8), ms per row on each; ``beside``:
+        the keys whose one-thread runs are long enough to go beside another under load."""
         with self._lock:
-            keys = {}
+            keys, beside = {}, []
             for key, entry in list(self._keys.items())[-8:]:
                 if entry.ms_per_row:
                     label = " ".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in key)
                     keys[label] = {s: round(ms, 4) for s, ms in entry.ms_per_row.items()}
-            return {"runs": dict(self.runs), "ms_per_row": keys}
+                    if entry.side_by_side():
+                        beside.append(label)
+            return {"runs": dict(self.runs), "ms_per_row": keys, "beside": beside}
 
     def _entry(self, key: tuple, rows: int) -> _Key:
         entry = self._keys.get(key)

@@ -1,5 +1,5 @@
-"""Under load a small cpu model's runs go one thread each, side by side, where that is measured
-cheaper per core (``scheduler/single_thread.py``, the cpu worker's slots in cores: ``workers.py``).
+"""Under load an unbatched small cpu model's runs go one thread each, side by side, where that is
+measured cheaper per core (``scheduler/single_thread.py``, the cpu worker's slots in cores: ``workers.py``).
 
 Decisions are checked with sessions whose cost is set by the test on a per-thread fake clock
 (nothing depends on this machine's speed), while each run also sleeps for real so that runs
@@ -19,7 +19,13 @@ import numpy as np
 from edge_runtime.scheduler import DeviceWorkers, ModelScheduler, model_config
 from edge_runtime.scheduler.factory import scheduler_for, serving_options
 from edge_runtime.scheduler.plans import CallablePlan
-from edge_runtime.scheduler.single_thread import MIN_RUNS, SingleThreadSwitch
+from edge_runtime.scheduler.single_thread import (
+    MIN_RUNS,
+    SIDE_BY_SIDE_MARGIN,
+    SIDE_BY_SIDE_MIN_MS,
+    RunPlan,
+    SingleThreadSwitch,
+)
 from edge_runtime.scheduler.workers import DeviceWorker
 from scheduler_fakes import assert_like_ort
 
@@ -90,25 +96,40 @@ def test_a_switch_compares_cost_per_core_under_load_and_time_per_run_alone() -> 
     for _ in range(2 * (MIN_RUNS + 1)):  # measures both sessions (pool first)
         switch(_x(1.0, 4))
     shapes = {"input": (4, 4)}
-    assert switch.session_for(shapes, throughput=False) == "pool"
-    assert switch.session_for(shapes, throughput=True) == "single"
+    assert switch.plan_run(shapes, throughput=False) == RunPlan(None, False)  # alone: the run chooses
+    assert switch(_x(1.0, 4)) and sessions.runs[-1][0] == "pool"  # ... the shorter run
+    assert switch.plan_run(shapes, throughput=True).session == "single"
+    assert switch.plan_run(shapes, throughput=True).beside  # 3.6 ms a run: worth a core of its own
     cheap_pool = _Sessions(pool_ms_per_row=0.4, single_ms_per_row=0.9).switch()  # 0.8 core-ms: the pool wins both
     for _ in range(2 * (MIN_RUNS + 1)):
         cheap_pool(_x(1.0, 4))
-    assert cheap_pool.session_for(shapes, throughput=True) == "pool"
+    assert cheap_pool.plan_run(shapes, throughput=True).session == "pool"
+    near = _Sessions(pool_ms_per_row=0.5, single_ms_per_row=0.9).switch()  # 1.0 core-ms: within the margin
+    for _ in range(2 * (MIN_RUNS + 1)):
+        near(_x(1.0, 4))
+    assert 0.5 * 2 * SIDE_BY_SIDE_MARGIN < 0.9 and near.plan_run(shapes, throughput=True).session == "pool"
+
+
+def test_one_thread_runs_too_short_to_pay_for_their_own_python_never_go_side_by_side() -> None:
+    per_row = SIDE_BY_SIDE_MIN_MS / 4
+    switch = _Sessions(pool_ms_per_row=per_row * 1.5, single_ms_per_row=per_row).switch()
+    for _ in range(2 * (MIN_RUNS + 1)):
+        switch(_x(1.0))
+    assert switch.plan_run({"input": (1, 4)}, throughput=True) == RunPlan(None, False)  # all cores, chosen at run
 
 
 def test_a_session_chosen_at_dispatch_is_the_one_the_run_uses() -> None:
     sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
     switch = sessions.switch()
-    with switch.forced("single"):
+    for session in ("single", "pool"):
+        switch.bind(session)
         switch(_x(1.0))
-    with switch.forced("pool"):
-        switch(_x(1.0))
+    switch.bind(None)
     assert [name for name, _ in sessions.runs] == ["single", "pool"]  # a first run of a shape goes to the pool
     switch.close()  # no one-thread session any more: a run bound to it goes to the pool
-    with switch.forced("single"):
-        np.testing.assert_array_equal(switch(_x(3.0))["output"], np.full((1, 4), 6.0, np.float32))
+    switch.bind("single")
+    np.testing.assert_array_equal(switch(_x(3.0))["output"], np.full((1, 4), 6.0, np.float32))
+    switch.bind(None)
     assert sessions.runs[-1][0] == "pool"
 
 
@@ -153,29 +174,28 @@ async def test_under_load_one_thread_runs_go_two_at_a_time_on_two_cores_and_neve
     assert sessions.peak_cores == 2  # never a pool run beside another run: the cores are not oversubscribed
 
 
-async def test_a_busy_batch_is_split_over_the_cores_as_one_thread_runs() -> None:
+async def test_a_batching_model_keeps_one_run_at_a_time_on_its_cores() -> None:
+    """Splitting batches over one-thread runs did not pay (``scheduler._width``): a batching model's runs
+    each take every core, on whichever session runs them sooner."""
     sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
     sched, workers = _scheduler(sessions, {"max_batch_size": 16, "max_queue_delay_us": 100_000})
+    for rows in range(1, 17):  # every batch size measured on both sessions (pool first)
+        for _ in range(2 * (MIN_RUNS + 1)):
+            sched.single_thread(_x(1.0, rows))
     try:
         async with sched:
-            for k in range(4 * (MIN_RUNS + 1)):  # every shape seen below measured on both sessions
-                await asyncio.gather(*(sched.infer(_x(k)) for _ in range(1 + k % 4)))
-            before = len(sessions.runs)
             results = await asyncio.gather(*(sched.infer(_x(k)) for k in range(32)))
     finally:
         workers.close()
     for k, result in enumerate(results):
         np.testing.assert_array_equal(result.outputs["output"], _x(2.0 * k)["input"])
-    loaded = sessions.runs[before:]
-    assert sum(rows for _, rows in loaded) == 32
-    assert max(rows for _, rows in loaded) <= 8, loaded  # 16 rows waiting: a share of 8 per core at most
-    assert sessions.peak_cores == 2
+    assert sessions.peak_cores == sessions.threads and sessions.peak_single <= 1, sessions.runs
 
 
 async def test_default_configuration_under_load_serves_each_shape_by_its_cost_per_core(runtime, cnn) -> None:
     """The daemon's scheduler on real sessions and timings: a burst of requests after a few alone."""
     path, proto = cnn
-    config = model_config({"batching": {"max_batch_size": 8}})
+    config = model_config({})  # no batching: the default
     model = runtime.load(path, backend="cpu", options=serving_options(runtime, config))
     sched = scheduler_for(model, config, runtime, None)
     switch = sched.single_thread
@@ -202,5 +222,6 @@ async def test_default_configuration_under_load_serves_each_shape_by_its_cost_pe
         if choice is None:
             continue
         measured = snapshot["ms_per_row"][label]
-        per_core = {"pool": measured["pool"] * 2, "single": measured["single"]}
+        weight = 2 * SIDE_BY_SIDE_MARGIN if label in snapshot["beside"] else 1.0  # too short: time per run
+        per_core = {"pool": measured["pool"] * weight, "single": measured["single"]}
         assert choice == min(per_core, key=per_core.__getitem__), (label, measured, choice)
