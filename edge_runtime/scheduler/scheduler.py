@@ -261,7 +261,7 @@ class ModelScheduler:
                 batch = self._collect(head, decision.plan)
                 if batch is None:
                     return None  # a batch timer is set
-                # Under load when another run is in flight or more waits than this batch takes.
+                # Under load when another run is in flight or more requests wait than this one.
                 width = self._width(decision.plan, batch, worker, busy=worker.in_use > 0 or len(self._queue) > 1)
                 # Only loops take slots (worker threads give them back), but a wider run than the
                 # narrowest may still not fit: it waits, queued, for the cores it needs.

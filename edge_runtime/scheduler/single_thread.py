@@ -28,8 +28,8 @@ session takes one of the cpu worker's cores (``workers.py``), so on 2 cores two 
 once. When another run is in flight or more requests wait (``throughput``), the pool's ms per
 row counts times its threads (and ``SIDE_BY_SIDE_MARGIN``); alone, as measured. On the
 classifier one row costs 0.92 ms on one thread and 1.21 on the two-thread pool (2.4 core-ms):
-served unbatched at c=16 on 2 cores, two one-thread runs side by side took it from 922-1,046
-to 1,226-1,261 requests/s. The session chosen at dispatch is the one the run uses (``bind``):
+served unbatched at c=16 on 2 cores (``tools/bench_server.py``), two one-thread runs side by
+side took it from 922 to 1,206-1,226 requests/s (1.06x to 1.45-1.58x ORT one at a time). The session chosen at dispatch is the one the run uses (``bind``):
 the scheduler takes its cores before the run starts. Runs too short to pay for their own
 Python (``SIDE_BY_SIDE_MIN_MS``) and a batching model's runs keep every core, one at a time,
 the session chosen when the run starts, as before.
