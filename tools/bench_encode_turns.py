@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ for _path in (ROOT, ROOT / "tools"):
     if str(_path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(_path))
 
+from bench_report import publish  # noqa: E402
 from bench_vlm import BUDGETS, build_folders, edge_model, screenshot, system_prompt  # noqa: E402
 
 
@@ -109,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args)
     report["command"] = " ".join([Path(sys.executable).name, *sys.argv])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_encode_turns.json").write_text(json.dumps(report, indent=2))
-    plot(report, args.out / "bench_encode_turns.png")
-    print(json.dumps(report, indent=2))
+    publish(report, args.out, "bench_encode_turns", plot)
     return 0
 
 

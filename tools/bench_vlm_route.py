@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ for _path in (ROOT, ROOT / "tools"):
     if str(_path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(_path))
 
+from bench_report import publish  # noqa: E402
 from bench_vlm import BUDGETS, build_folders, edge_model, screenshot, system_prompt  # noqa: E402
 
 
@@ -107,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args)
     report["command"] = " ".join([Path(sys.executable).name, *sys.argv])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_vlm_route.json").write_text(json.dumps(report, indent=2))
-    plot(report, args.out / "bench_vlm_route.png")
-    print(json.dumps(report, indent=2))
+    publish(report, args.out, "bench_vlm_route", plot)
     return 0
 
 
