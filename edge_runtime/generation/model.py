@@ -419,7 +419,7 @@ class GenerativeModel:
 
 def _log_quantization(name: str, path: Path) -> None:
     """Say how a folder written by ``edge-runtime quantize`` was quantized (its ``quantization.json``):
-    an accuracy level chosen by measurement was chosen on the machine that quantized it."""
+    a kernel chosen by measurement was chosen on the machine that quantized it."""
     from edge_runtime.errors import ModelLoadError
     from edge_runtime.generation.folder import read_json
 
@@ -429,9 +429,12 @@ def _log_quantization(name: str, path: Path) -> None:
         log.warning("generative model %s: %s", name, exc)
         return
     if record:
-        log.info("generative model %s: %s weights, MatMulNBits accuracy level %s (%s; median step ms per level "
-                 "where quantized: %s)", name, record.get("mode"), record.get("accuracy_level"),
-                 record.get("accuracy_level_choice"), record.get("level_step_ms"))
+        kernel = record.get("kernel", "MatMulNBits")  # folders quantized before the kernel choice: MatMulNBits
+        how = "activations per token" if kernel == "MatMulInteger" else f"accuracy level {record.get('accuracy_level')}"
+        log.info("generative model %s: %s weights, %s %s (%s; median step ms per kernel and rows where "
+                 "quantized: %s)", name, record.get("mode"), kernel, how,
+                 record.get("kernel_choice", record.get("accuracy_level_choice")),
+                 record.get("step_ms", record.get("level_step_ms")))
 
 
 def _offered(structured: Any) -> list[Any] | None:

@@ -33,7 +33,11 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                           help="decoder: weights per quantization block (power of two, 16..256; default 32)")
     quantize.add_argument("--accuracy-level", type=_accuracy_level, default=None, metavar="auto|0..4",
                           help="decoder: MatMulNBits compute type, 0 = fp32, 4 = int8; auto (default): time "
-                               "0 and 4 on this CPU and keep the faster")
+                               "the candidates on this CPU and keep the faster")
+    quantize.add_argument("--kernel", choices=("auto", "matmulnbits", "matmulinteger"), default="auto",
+                          help="decoder: MatMulNBits, or (int8) MatMulInteger with activations quantized per "
+                               "token; auto (default): int4 times MatMulNBits levels 0 and 4, int8 level 4 "
+                               "against MatMulInteger, one and eight rows a step, and keeps the faster")
     quantize.add_argument("--new-tokens", type=int, default=32, help="decoder: tokens per timed generation (32)")
     quantize.add_argument("--plan", choices=PLAN_CHOICES, action="append", default=None,
                           help="time on this plan (repeatable; default: every plan this device has)")
@@ -136,6 +140,7 @@ def _quantize_decoder(args: argparse.Namespace) -> int:
     try:
         report = convert_decoder(runtime, args.model, args.out, args.mode, calibration=args.calibration,
                                  block_size=args.block_size, accuracy_level=args.accuracy_level,
+                                 kernel=args.kernel,
                                  rounds=args.rounds, new_tokens=args.new_tokens)
     finally:
         runtime.close()
@@ -144,12 +149,14 @@ def _quantize_decoder(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     drift, speed = data["drift"], data["speed"]
+    how = (f"MatMulNBits, block {data['block_size']}, accuracy level {data['accuracy_level']}"
+           if data["kernel"] == "MatMulNBits" else "MatMulInteger, activations per token")
     print(f"{args.mode}: wrote {data['out']} ({data['out_bytes']} bytes, {data['size_ratio']}x of the original; "
-          f"{data['matmuls_quantized']} of {data['matmuls_total']} MatMuls, block {data['block_size']}, "
-          f"accuracy level {data['accuracy_level']})")
-    if data["level_step_ms"] is not None:
-        timed = ", ".join(f"level {level} {ms:.3f} ms" for level, ms in data["level_step_ms"].items())
-        print(f"accuracy level chosen by measurement (median decode step here): {timed}")
+          f"{data['matmuls_quantized']} of {data['matmuls_total']} MatMuls, {how})")
+    if data["step_ms"] is not None:
+        timed = "; ".join(f"{name} " + ", ".join(f"{ms:.3f} ms at {rows} rows" for rows, ms in by_rows.items())
+                          for name, by_rows in data["step_ms"].items())
+        print(f"kernel chosen by measurement (median decode step here): {timed}")
     print(f"drift on {drift['tokens']} tokens of the {data['text_from']} text (teacher-forced):")
     print(f"  perplexity {drift['perplexity_reference']:.4g} -> {drift['perplexity_candidate']:.4g} "
           f"({drift['perplexity_ratio']:.4f}x), KL mean {drift['kl_mean']:.3g} max {drift['kl_max']:.3g} nats/token, "

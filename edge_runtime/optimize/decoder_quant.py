@@ -1,9 +1,10 @@
-"""Weight-only int4/int8 quantization of a decoder LLM folder (ORT's ``MatMulNBits``).
+"""Weight-only int4/int8 quantization of a decoder LLM folder (ORT's ``MatMulNBits``, or int8 ``MatMulInteger``).
 
 ``quantize_decoder(folder, out, bits)`` writes a copy of an ``optimum``-layout
 decoder folder in which every MatMul with a constant weight (q/k/v/o, the MLP,
-the LM head) becomes ``MatMulNBits``: the weight stored as blocks of ``bits``-bit
-integers with one fp32 scale per block, dequantized inside the kernel. The
+the LM head) becomes ``MatMulNBits`` (int8: or the ``MatMulInteger`` form below):
+the weight stored as blocks of ``bits``-bit integers with one fp32 scale per
+block, dequantized inside the kernel. The
 conversion is onnxruntime's own ``MatMulNBitsQuantizer`` — the format
 onnxruntime-genai's model builder writes — so the folder runs on any ORT build
 that has the contrib op. The embedding ``Gather`` stays fp32; activations and
@@ -14,13 +15,21 @@ is (same inputs, outputs and tokenizer files).
 4 = int8 activations). Measured once (x86_64 AVX2, 2 threads, a 4-layer
 768-wide decoder, greedy decode tokens/s against fp32, best of 3 rounds
 interleaved): int4 2.2x at level 0 and 3.6x at level 4; int8 0.2x at level 0
-(no fp32 kernel for 8-bit weights) and 2.3x at level 4. Which wins depends on
-the CPU (int8 dot products: VNNI, dotprod, i8mm), so the default is ``auto``:
-the weights are quantized once, and each level of ``AUTO_LEVELS`` (the level is
-only an attribute of the nodes; the packed weights are the same) runs a few
-decode steps of the folder on this machine, one step per level in turn so a
-drifting machine slows them alike; the fastest median step wins. The choice and
-its timings go into the result and into the folder (``QUANTIZATION_FILE``).
+(no fp32 kernel for 8-bit weights) and 2.3x at level 4.
+
+int8 has a second form: ``per_token_int8`` (int8 weights per output column,
+activations quantized per token at run time, ``MatMulInteger``). ``MatMulNBits``
+makes a pass over its weights per row, the integer GEMM one per step, so a batch of
+rows favours it; alone, either can win (on an Intel Xeon with VNNI, 2 threads: a
+31M decoder ran level with ``MatMulNBits`` alone and 1.4x as fast at eight streams;
+a 0.5B-shaped one 1.2x alone, 1.9x at eight, and prefilled 1,024 tokens 2.8x as fast).
+
+Which wins depends on the CPU (int8 dot products: VNNI, dotprod, i8mm), so the
+default is ``auto``: the weights are quantized once per form, and each candidate
+of ``AUTO_KERNELS`` runs decode steps of the folder on this machine, of one row
+and of eight (``AUTO_ROWS``), one step per candidate in turn so a drifting machine
+slows them alike; the one whose worst ratio to the fastest is smallest wins. The
+choice and its timings go into the result and into the folder (``QUANTIZATION_FILE``).
 """
 
 from __future__ import annotations
@@ -34,21 +43,49 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Any
+
 from edge_runtime.errors import InvalidInputError, ModelLoadError
+from edge_runtime.optimize.per_token_int8 import per_token_int8
+from edge_runtime.optimize.quantize import Int8Settings, host_int8_settings
 
 log = logging.getLogger(__name__)
 
 DECODER_MODES = {"int4": 4, "int8": 8}
 DEFAULT_BLOCK_SIZE = 32  # ORT's kernels take 16..256 (powers of two); 32 keeps int4 drift small
 DEFAULT_ACCURACY_LEVEL = "auto"  # measured per machine: see the module docstring
-# Levels ``auto`` times; each costs a session of the model in memory while timing. Levels 1-3 (fp32,
-# fp16, bf16 compute) ran no faster than 0 on an x86 VNNI CPU (31M model, int4: 10.8-11.3 ms a step
-# against 11.4 at 0 and 6.6 at 4; int8: 82-87 against 106 and 4.5), so only 0 and 4 are timed.
+NBITS, INTEGER = "MatMulNBits", "MatMulInteger"
+KERNELS = ("auto", "matmulnbits", "matmulinteger")  # ``--kernel``
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One way to run the quantized MatMuls: ``MatMulNBits`` at an accuracy level, or the per-token
+    int8 ``MatMulInteger`` form (``per_token_int8``)."""
+
+    op: str
+    level: int | None = None  # MatMulNBits' accuracy_level
+
+    @property
+    def name(self) -> str:
+        return self.op if self.level is None else f"{self.op} level {self.level}"
+
+
+# Levels ``--kernel matmulnbits`` times; each costs a session of the model in memory while timing. Levels
+# 1-3 (fp32, fp16, bf16 compute) ran no faster than 0 on an x86 VNNI CPU (31M model, int4: 10.8-11.3 ms a
+# step against 11.4 at 0 and 6.6 at 4; int8: 82-87 against 106 and 4.5), so only 0 and 4 are timed.
 AUTO_LEVELS = (0, 4)
+# What ``auto`` times per mode. int8 does not time MatMulNBits level 0: 8-bit weights have no fp32 kernel,
+# 20-35x slower than level 4 wherever timed (a 31M decoder 77 vs 3.7 ms a step, a 0.5B-shaped one 1,339 vs
+# 38 on an Intel Xeon); it times level 4 against the per-token MatMulInteger form instead.
+AUTO_KERNELS = {"int4": (Kernel(NBITS, 0), Kernel(NBITS, 4)), "int8": (Kernel(NBITS, 4), Kernel(INTEGER))}
+# Decode rows a timed step carries: one stream, and a continuous batch of eight. MatMulNBits reads its
+# weights once per row, the integer GEMM once per step, so the order of the kernels can flip between them.
+AUTO_ROWS = (1, 8)
 # A folder written on one machine to run on others (``convert --quantize``) cannot time the target's
 # kernels: it takes level 4 (int8 compute), the level ``auto`` chose on every CPU timed here.
 CONVERTER_ACCURACY_LEVEL = 4
-AUTO_STEPS = 24  # timed decode steps per level (after a warm-up step each)
+AUTO_STEPS = 24  # timed decode steps per kernel and row count (after a warm-up step each)
 QUANTIZATION_FILE = "quantization.json"  # written into the folder: what was chosen, and how
 # ONNX's protobuf limit: a model this large must keep its weights in an external-data file.
 _PROTOBUF_LIMIT = 2 * 1024**3 - 1024**2
@@ -60,23 +97,25 @@ class DecoderQuantizeResult:
 
     mode: str
     bits: int
-    block_size: int
-    accuracy_level: int
+    block_size: int | None  # MatMulNBits' block; None for MatMulInteger (one scale per output column)
+    kernel: str  # NBITS or INTEGER
+    accuracy_level: int | None  # MatMulNBits' level; None for MatMulInteger
     source: Path
     out: Path
     source_bytes: int  # model.onnx and its external data
     out_bytes: int
     matmuls_quantized: int
     matmuls_total: int
-    # ``auto``: median decode-step milliseconds per timed level (None: the level was given)
-    level_step_ms: dict[int, float] | None = None
+    # ``auto``: median decode-step milliseconds per timed kernel and rows a step (None: the kernel was given)
+    step_ms: dict[str, dict[int, float]] | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"mode": self.mode, "bits": self.bits, "block_size": self.block_size,
+        return {"mode": self.mode, "bits": self.bits, "block_size": self.block_size, "kernel": self.kernel,
                 "accuracy_level": self.accuracy_level,
-                "accuracy_level_choice": "given" if self.level_step_ms is None else "auto",
-                "level_step_ms": None if self.level_step_ms is None else {
-                    str(level): round(ms, 4) for level, ms in self.level_step_ms.items()},
+                "kernel_choice": "given" if self.step_ms is None else "auto",
+                "step_ms": None if self.step_ms is None else {
+                    name: {str(rows): round(ms, 4) for rows, ms in by_rows.items()}
+                    for name, by_rows in self.step_ms.items()},
                 "source": str(self.source), "out": str(self.out),
                 "source_bytes": self.source_bytes, "out_bytes": self.out_bytes,
                 "size_ratio": round(self.out_bytes / max(self.source_bytes, 1), 3),
@@ -88,60 +127,120 @@ def _check_block_size(block_size: int) -> None:
         raise InvalidInputError(f"quantize: block size must be a power of two from 16 to 256, got {block_size}")
 
 
+def _candidates(mode: str, kernel: str, accuracy_level: int | str,
+                int8: Int8Settings) -> tuple[tuple[Kernel, ...], bool]:
+    """The kernels to build (and time, when more than one) for these arguments, and whether they are timed."""
+    if kernel not in KERNELS:
+        raise InvalidInputError(f"quantize: --kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if accuracy_level != "auto" and (isinstance(accuracy_level, bool) or accuracy_level not in (0, 1, 2, 3, 4)):
+        raise InvalidInputError(f"quantize: accuracy level must be 0..4 (ORT's MatMulNBits) or 'auto', "
+                                f"got {accuracy_level!r}")
+    if kernel == "matmulinteger":
+        if mode != "int8":
+            raise InvalidInputError(f"quantize: --kernel matmulinteger takes --mode int8 (int4 weights need "
+                                    f"MatMulNBits), got --mode {mode}")
+        if accuracy_level != "auto":
+            raise InvalidInputError(f"quantize: --accuracy-level is MatMulNBits' setting; --kernel matmulinteger "
+                                    f"takes none, got {accuracy_level!r}")
+        return (Kernel(INTEGER),), False
+    if accuracy_level != "auto":
+        return (Kernel(NBITS, int(accuracy_level)),), False
+    if kernel == "matmulnbits":
+        return tuple(Kernel(NBITS, level) for level in AUTO_LEVELS), True
+    candidates = AUTO_KERNELS[mode]
+    if int8.reduce_range:  # x86 without VNNI: 7-bit integer weights, a precision loss ``auto`` does not choose
+        candidates = tuple(k for k in candidates if k.op != INTEGER)
+    return candidates, len(candidates) > 1
+
+
 def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                     accuracy_level: int | str = DEFAULT_ACCURACY_LEVEL, threads: int = 1) -> DecoderQuantizeResult:
+                     accuracy_level: int | str = DEFAULT_ACCURACY_LEVEL, kernel: str = "auto", threads: int = 1,
+                     int8: Int8Settings | None = None) -> DecoderQuantizeResult:
     """Write ``folder`` with int4/int8 weight-only MatMuls to ``out`` (see the module docstring).
 
-    ``accuracy_level``: 0..4, or ``"auto"`` to time ``AUTO_LEVELS`` here (decode steps on
-    ``threads`` intra-op threads) and keep the fastest. Raises InvalidInputError (unknown mode,
-    bad block size or accuracy level, ``out`` the same folder as ``folder``) and ModelLoadError
-    (not a decoder folder, or onnxruntime's quantizer refused the graph, with its message).
+    ``kernel``: ``matmulnbits``, ``matmulinteger`` (int8 only: ``per_token_int8``) or ``auto``;
+    ``accuracy_level``: MatMulNBits' 0..4, or ``"auto"``. What is not given is timed here (decode
+    steps of one and eight rows on ``threads`` intra-op threads) and the fastest kept. ``int8``: the
+    integer types for this CPU (default: ``host_int8_settings()``). Raises InvalidInputError (unknown
+    mode or kernel, bad block size or accuracy level, ``out`` the same folder as ``folder``) and
+    ModelLoadError (not a decoder folder, or onnxruntime's quantizer refused the graph, with its message).
     """
-    import onnx
-
     from edge_runtime.generation.folder import read_folder
 
     if mode not in DECODER_MODES:
         raise InvalidInputError(f"quantize: a decoder folder takes --mode {' or '.join(DECODER_MODES)} "
                                 f"(weight-only MatMulNBits), got {mode!r}")
     _check_block_size(block_size)
-    if accuracy_level != "auto" and (isinstance(accuracy_level, bool) or accuracy_level not in (0, 1, 2, 3, 4)):
-        raise InvalidInputError(f"quantize: accuracy level must be 0..4 (ORT's MatMulNBits) or 'auto', "
-                                f"got {accuracy_level!r}")
+    int8 = host_int8_settings() if int8 is None else int8
+    candidates, timed = _candidates(mode, kernel, accuracy_level, int8)
     folder, out = Path(folder), Path(out)
     description = read_folder(folder)  # a ModelLoadError naming what is missing when it is not a decoder
     if out.resolve() == folder.resolve():
         raise InvalidInputError(f"quantize: --out must be a new folder, not the source folder {folder}")
     bits = DECODER_MODES[mode]
-    proto = onnx.load(str(description.model_path))
-    total = sum(1 for node in proto.graph.node if node.op_type == "MatMul")
-    level = AUTO_LEVELS[-1] if accuracy_level == "auto" else int(accuracy_level)
-    try:
-        quantized = matmul_nbits(proto, bits, block_size, level)
-    except Exception as exc:  # the quantizer raises ValueError/AssertionError/onnx errors alike
-        raise ModelLoadError(f"quantize {mode}: cannot convert {description.model_path}: "
-                             f"{type(exc).__name__}: {exc}") from exc
-    done = sum(1 for node in quantized.graph.node if node.op_type == "MatMulNBits")
-    if done == 0:
-        raise ModelLoadError(f"quantize {mode}: {description.model_path} has no MatMul with a constant 2-D "
-                             "weight to quantize")
-    _write_folder(folder, out, description.weight_files, quantized)
-    step_ms = None
-    if accuracy_level == "auto":
-        step_ms = time_levels(out, AUTO_LEVELS, threads=threads)
-        level = min(step_ms, key=lambda candidate: step_ms[candidate])
-        _write_model(out, set_accuracy_level(quantized, level))
+    models: dict[str, Any] = {}
+    total = done = 0
+    for op in dict.fromkeys(k.op for k in candidates):  # one conversion per op; levels share the weights
+        level = next(k.level for k in candidates if k.op == op)
+        model, total, done = _convert(description.model_path, mode, op, bits, block_size, level, int8)
+        for candidate in candidates:
+            if candidate.op == op:  # each level written out: the quantizer leaves a default level unset
+                models[candidate.name] = model if candidate.level is None else \
+                    set_accuracy_level(model if candidate.level == level else _copy(model), candidate.level)
+    step_ms = time_kernels(description, models, threads=threads) if timed else None
+    chosen = candidates[0] if step_ms is None else next(k for k in candidates if k.name == fastest(step_ms))
+    winner = models[chosen.name]
+    done = sum(1 for node in winner.graph.node if node.op_type == chosen.op)
+    _write_folder(folder, out, description.weight_files, winner)
     written = sum(p.stat().st_size for p in out.iterdir() if p.name.startswith("model.onnx"))
-    log.info("quantize %s: %d of %d MatMuls -> MatMulNBits (block %d, accuracy level %d%s), %d -> %d bytes",
-             mode, done, total, block_size, level,
-             "" if step_ms is None else ", auto: median step " + ", ".join(f"{ms:.3f} ms at {lv}"
-                                                                        for lv, ms in step_ms.items()),
+    log.info("quantize %s: %d of %d MatMuls -> %s%s, %d -> %d bytes", mode, done, total, chosen.name,
+             "" if step_ms is None else ", auto: median step ms " + "; ".join(
+                 f"{name} " + ", ".join(f"{ms:.3f} at {rows} rows" for rows, ms in by_rows.items())
+                 for name, by_rows in step_ms.items()),
              description.weight_bytes, written)
-    result = DecoderQuantizeResult(mode, bits, block_size, level, folder, out, description.weight_bytes,
-                                   written, done, total, step_ms)
+    result = DecoderQuantizeResult(mode, bits, block_size if chosen.op == NBITS else None, chosen.op, chosen.level,
+                                   folder, out, description.weight_bytes, written, done, total, step_ms)
     record = {k: v for k, v in result.to_dict().items() if k not in ("source", "out")}
-    (out / QUANTIZATION_FILE).write_text(json.dumps({**record, "threads": threads if step_ms else None}, indent=2))
+    (out / QUANTIZATION_FILE).write_text(json.dumps({**record, "threads": threads if step_ms else None,
+                                                     "int8": int8.why if chosen.op == INTEGER else None},
+                                                    indent=2))
     return result
+
+
+def _convert(path: Path, mode: str, op: str, bits: int, block_size: int, level: int | None,
+             int8: Int8Settings) -> tuple[Any, int, int]:
+    """The model at ``path`` with its MatMuls as ``op``; the MatMuls it had and how many were converted."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    total = sum(1 for node in proto.graph.node if node.op_type == "MatMul")
+    try:
+        if op == NBITS:
+            converted = matmul_nbits(proto, bits, block_size, level)
+            done = sum(1 for node in converted.graph.node if node.op_type == NBITS)
+        else:
+            converted, done = per_token_int8(proto, int8)
+    except Exception as exc:  # the quantizer raises ValueError/AssertionError/onnx errors alike
+        raise ModelLoadError(f"quantize {mode}: cannot convert {path}: {type(exc).__name__}: {exc}") from exc
+    if done == 0:
+        raise ModelLoadError(f"quantize {mode}: {path} has no MatMul with a constant 2-D weight to quantize")
+    return converted, total, done
+
+
+def _copy(model: Any) -> Any:
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def fastest(step_ms: dict[str, dict[int, float]]) -> str:
+    """The kernel whose worst ratio to the fastest at any timed row count is the smallest: the one that
+    never loses much, where one kernel can win alone and another in a batch."""
+    rows = {r for by_rows in step_ms.values() for r in by_rows}
+    best = {r: min(by_rows[r] for by_rows in step_ms.values()) for r in rows}
+    return min(step_ms, key=lambda name: max(step_ms[name][r] / best[r] for r in rows))
 
 
 def set_accuracy_level(model: object, level: int) -> object:
@@ -157,42 +256,45 @@ def set_accuracy_level(model: object, level: int) -> object:
     return model
 
 
-def time_levels(folder: Path, levels: tuple[int, ...], *, threads: int = 1,
-                steps: int = AUTO_STEPS) -> dict[int, float]:
-    """Median decode-step milliseconds of the quantized ``folder`` at each ``levels`` entry.
+def time_kernels(description: Any, models: dict[str, Any], *, threads: int = 1, steps: int = AUTO_STEPS,
+                 rows: tuple[int, ...] = AUTO_ROWS) -> dict[str, dict[int, float]]:
+    """Median decode-step milliseconds of each of ``models`` (the folder's graph, converted) at each ``rows``.
 
-    Each level is the folder's graph with the attribute changed, loaded by the generation
-    engine as a served model would be; the steps alternate level by level, one at a time.
+    Each is loaded by the generation engine as a served model would be; at each row count the steps
+    alternate model by model, one at a time, so a drifting machine slows them alike.
     """
     import onnx
 
     from edge_runtime.generation.engine import DecoderEngine
-    from edge_runtime.generation.folder import read_folder
 
-    description = read_folder(folder)
-    engines, times = {}, {level: [] for level in levels}
-    with tempfile.TemporaryDirectory(prefix="edge-runtime-levels-") as work:
-        for level in levels:
-            model = set_accuracy_level(onnx.load(str(description.model_path)), level)
-            path = Path(work) / f"level{level}.onnx"
+    engines, times = {}, {name: {r: [] for r in rows} for name in models}
+    with tempfile.TemporaryDirectory(prefix="edge-runtime-kernels-") as work:
+        for index, (name, model) in enumerate(models.items()):
+            path = Path(work) / f"kernel{index}.onnx"
             onnx.save(model, str(path), save_as_external_data=model.ByteSize() > _PROTOBUF_LIMIT,
-                      location=f"level{level}.onnx.data")
-            engines[level] = DecoderEngine(dataclasses.replace(description, model_path=path), threads=threads,
-                                           max_batch=1, max_len=steps + 16)
-        prompt = [1 + i % max(description.vocab_size - 1, 1) for i in range(8)]
-        tokens = {}
-        for level, engine in engines.items():
-            logits, past = engine.prefill(prompt, None)
-            engine.kv.rebuild([], [past])
-            tokens[level] = int(logits.argmax())
-            engine.decode([tokens[level]])  # warm-up: the first step allocates and pre-packs
-        for _ in range(steps):
-            for level, engine in engines.items():
-                started = time.perf_counter()
-                logits = engine.decode([tokens[level]])
-                times[level].append((time.perf_counter() - started) * 1e3)
-                tokens[level] = int(logits[0].argmax())
-    return {level: float(sorted(values)[len(values) // 2]) for level, values in times.items()}
+                      location=f"kernel{index}.onnx.data")
+            engines[name] = DecoderEngine(dataclasses.replace(description, model_path=path), threads=threads,
+                                          max_batch=max(rows), max_len=steps + 16)
+        for count in rows:
+            prompts = [[1 + (i + 7 * row) % max(description.vocab_size - 1, 1) for i in range(8)]
+                       for row in range(count)]
+            tokens = {}
+            for name, engine in engines.items():
+                pasts, firsts = [], []
+                for prompt in prompts:
+                    logits, past = engine.prefill(prompt, None)
+                    pasts.append(past)
+                    firsts.append(int(logits.argmax()))
+                engine.kv.rebuild([], pasts)
+                logits = engine.decode(firsts)  # warm-up: the first step allocates and pre-packs
+                tokens[name] = [int(row.argmax()) for row in logits]
+            for _ in range(steps):
+                for name, engine in engines.items():
+                    started = time.perf_counter()
+                    logits = engine.decode(tokens[name])
+                    times[name][count].append((time.perf_counter() - started) * 1e3)
+                    tokens[name] = [int(row.argmax()) for row in logits]
+    return {name: {r: float(sorted(v)[len(v) // 2]) for r, v in by_rows.items()} for name, by_rows in times.items()}
 
 
 def matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int,

@@ -52,6 +52,16 @@ def int8_settings(cpu_features: Sequence[str], machine: str) -> Int8Settings:
     return Int8Settings(activation_signed=False, reduce_range=True, why="x86 without VNNI: u8 x s8, 7-bit weights")
 
 
+def host_int8_settings() -> Int8Settings:
+    """``int8_settings`` for the CPU this process runs on (the device probe's ISA features)."""
+    import platform
+
+    from device_profiles.cpu import read_cpu
+
+    facts, _ = read_cpu("/", {})
+    return int8_settings(facts.get("features", []), platform.machine())
+
+
 @dataclass(frozen=True)
 class QuantizeResult:
     """What ``quantize_model`` wrote."""

@@ -16,14 +16,16 @@ import pytest
 from generation_fixtures import oracle_greedy
 
 
-@pytest.mark.parametrize("mode", ["int4", "int8"])
+@pytest.mark.parametrize("mode,kernel", [("int4", "auto"), ("int8", "matmulnbits"), ("int8", "matmulinteger")])
 def test_a_quantized_optimum_export_decodes_greedily_like_its_no_cache_oracle(onnx_folder: Path, tmp_path: Path,
-                                                                              model_factory, mode: str) -> None:
+                                                                              model_factory, mode: str,
+                                                                              kernel: str) -> None:
     from edge_runtime.optimize.decoder_quant import quantize_decoder
 
-    result = quantize_decoder(onnx_folder, tmp_path / mode, mode)
+    result = quantize_decoder(onnx_folder, tmp_path / mode, mode, kernel=kernel)
     ops = [n.op_type for n in onnx.load(str(tmp_path / mode / "model.onnx")).graph.node]
-    assert ops.count("MatMulNBits") == result.matmuls_quantized > 0
+    assert ops.count(result.kernel) == result.matmuls_quantized > 0
+    assert kernel == "auto" or result.kernel.lower() == kernel
     model = model_factory(tmp_path / mode, max_batch_size=2, prefill_chunk_tokens=8)
     messages = [{"role": "user", "content": "open the settings menu then scroll down"}]
     prompts = [model.prepare(messages=messages).ids, model.prepare(prompt="tap the back button twice").ids]

@@ -37,10 +37,10 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_decoder_folder(tmp_path_factory.mktemp("dq") / "fp32", SHAPE, seed=4, std=0.05)
 
 
-def quantized(decoder: Path, root: Path, mode: str, **kwargs: int) -> Path:
+def quantized(decoder: Path, root: Path, mode: str, **kwargs: int | str) -> Path:
     from edge_runtime.optimize.decoder_quant import quantize_decoder
 
-    out = root / f"{mode}-{kwargs.get('accuracy_level', 'auto')}"
+    out = root / f"{mode}-{kwargs.get('accuracy_level', 'auto')}-{kwargs.get('kernel', 'auto')}"
     if not (out / "model.onnx").is_file():
         quantize_decoder(decoder, out, mode, **kwargs)
     return out
@@ -158,22 +158,35 @@ def test_eight_bits_drift_less_than_four(decoder: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
-def test_the_auto_accuracy_level_is_the_fastest_measured_one_and_the_written_graph_uses_it(
+def test_the_auto_kernel_is_the_fastest_measured_one_and_the_written_graph_uses_it(
         decoder: Path, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture) -> None:
     from edge_runtime.optimize.decoder_drift import decoder_drift
-    from edge_runtime.optimize.decoder_quant import AUTO_LEVELS, QUANTIZATION_FILE
+    from edge_runtime.optimize.decoder_quant import AUTO_KERNELS, AUTO_ROWS, QUANTIZATION_FILE
+    from edge_runtime.optimize.quantize import host_int8_settings
 
     out = quantized(decoder, tmp_path, mode)  # the default: auto, measured on this machine
     record = json.loads((out / QUANTIZATION_FILE).read_text())
-    measured = {int(level): ms for level, ms in record["level_step_ms"].items()}
-    assert record["accuracy_level_choice"] == "auto" and set(measured) == set(AUTO_LEVELS)
-    assert all(ms > 0 for ms in measured.values())
-    assert record["accuracy_level"] == min(measured, key=lambda level: measured[level])
-    levels = {onnx.helper.get_attribute_value(a) for n in onnx.load(str(out / "model.onnx")).graph.node
+    measured = {name: {int(rows): ms for rows, ms in by_rows.items()} for name, by_rows in record["step_ms"].items()}
+    # x86 without VNNI keeps int8 on MatMulNBits (7-bit integer weights are not offered)
+    expected = [k.name for k in AUTO_KERNELS[mode] if k.op == "MatMulNBits" or not host_int8_settings().reduce_range]
+    assert record["kernel_choice"] == "auto" and sorted(measured) == sorted(expected)
+    assert all(sorted(by_rows) == sorted(AUTO_ROWS) and all(ms > 0 for ms in by_rows.values())
+               for by_rows in measured.values())
+    # The rule, restated: the smallest worst ratio to the fastest at each row count.
+    worst = {name: max(by_rows[r] / min(m[r] for m in measured.values()) for r in AUTO_ROWS)
+             for name, by_rows in measured.items()}
+    chosen = min(worst, key=worst.get)
+    assert chosen == (record["kernel"] if record["accuracy_level"] is None
+                      else f"{record['kernel']} level {record['accuracy_level']}")
+    nodes = onnx.load(str(out / "model.onnx")).graph.node
+    assert sum(n.op_type == record["kernel"] for n in nodes) == record["matmuls_quantized"] == 4 * SHAPE.layers + 1
+    levels = {onnx.helper.get_attribute_value(a) for n in nodes
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
-    assert levels == {record["accuracy_level"]}
-    # The same weights as a folder quantized at that level given: the same logits, bit for bit.
-    given = quantized(decoder, tmp_path, mode, accuracy_level=record["accuracy_level"])
+    assert levels == ({record["accuracy_level"]} if record["kernel"] == "MatMulNBits" else set())
+    # The same weights as a folder quantized with that kernel given: the same logits, bit for bit.
+    given_kernel = ({"accuracy_level": record["accuracy_level"]} if record["kernel"] == "MatMulNBits"
+                    else {"kernel": "matmulinteger"})
+    given = quantized(decoder, tmp_path, mode, **given_kernel)
     tokens = list(range(3, 40))
     np.testing.assert_array_equal(logits_of(out, tokens), logits_of(given, tokens))
     drift = decoder_drift(decoder, out, TEXT, window=64)
@@ -182,7 +195,7 @@ def test_the_auto_accuracy_level_is_the_fastest_measured_one_and_the_written_gra
 
     with caplog.at_level("INFO", logger="edge_runtime.generation.model"):
         load_generative(out, "q", threads=1).close()
-    assert f"MatMulNBits accuracy level {record['accuracy_level']} (auto;" in caplog.text  # a load says it
+    assert f"{mode} weights, {record['kernel']} " in caplog.text and "(auto;" in caplog.text  # a load says it
 
 
 def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
@@ -205,7 +218,8 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["text_from"] == str(text) and report["block_size"] == 16 and report["bits"] == 4
-    assert report["accuracy_level_choice"] == "auto" and str(report["accuracy_level"]) in report["level_step_ms"]
+    assert report["kernel_choice"] == "auto" and report["kernel"] == "MatMulNBits"  # int4: MatMulNBits only
+    assert f"MatMulNBits level {report['accuracy_level']}" in report["step_ms"]
     assert report["matmuls_quantized"] == 4 * SHAPE.layers + 1
     assert report["out_bytes"] < 0.5 * report["source_bytes"]
     assert report["drift"]["tokens"] > 50 and 0 < report["drift"]["greedy_agreement"] <= 1
@@ -221,7 +235,7 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
     assert text_out.returncode == 0, text_out.stderr
     assert "int8: wrote" in text_out.stdout and "greedy agreement" in text_out.stdout
     assert "tokens/s" in text_out.stdout and "of the default text" in text_out.stdout
-    assert "accuracy level chosen by measurement" in text_out.stdout
+    assert "kernel chosen by measurement" in text_out.stdout and "MatMulNBits level 4" in text_out.stdout
 
 
 @pytest.mark.parametrize("case,needle", [
@@ -230,6 +244,8 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
     ("block", "block size must be a power of two from 16 to 256, got 48"),
     ("binary-text", "cannot read"),
     ("same-folder", "--out must be a new folder"),
+    ("integer-int4", "--kernel matmulinteger takes --mode int8"),
+    ("integer-level", "--kernel matmulinteger takes none, got 4"),
     ("not-a-decoder", "no model.onnx"),
 ])
 def test_wrong_arguments_get_a_clear_error(decoder: Path, tmp_path: Path, case: str, needle: str) -> None:
@@ -244,6 +260,9 @@ def test_wrong_arguments_get_a_clear_error(decoder: Path, tmp_path: Path, case: 
         "block": [str(decoder), "--mode", "int4", "--block-size", "48", "--out", str(tmp_path / "o")],
         "binary-text": [str(decoder), "--mode", "int4", "--calibration", str(binary), "--out", str(tmp_path / "o")],
         "same-folder": [str(decoder), "--mode", "int8", "--out", str(decoder)],
+        "integer-int4": [str(decoder), "--mode", "int4", "--kernel", "matmulinteger", "--out", str(tmp_path / "o")],
+        "integer-level": [str(decoder), "--mode", "int8", "--kernel", "matmulinteger", "--accuracy-level", "4",
+                          "--out", str(tmp_path / "o")],
         "not-a-decoder": [str(empty), "--mode", "int8", "--out", str(tmp_path / "o")],
     }[case]
     result = cli("quantize", *args, cache=tmp_path / "cache")
