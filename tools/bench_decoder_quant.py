@@ -5,7 +5,9 @@ Model: a ~63M-parameter Qwen2-architecture decoder with random weights (hidden
 built with ``decoder_zoo`` (no torch) and initialised at Hugging Face's scale
 (std 0.02). ``edge_runtime.optimize.decoder_quant`` makes the int8 and int4
 copies (onnxruntime's MatMulNBits quantizer, block 32) at accuracy level 4
-(int8 compute, the default) and, for int4, at level 0 (fp32 compute) too.
+(int8 compute) and, for int4, at level 0 (fp32 compute) too; and int8 as the
+per-token ``MatMulInteger`` form (``per_token_int8``), the other kernel
+``quantize --mode int8`` chooses between.
 
 What a user has without this: the fp32 folder, served by the same engine. Each
 round generates greedily (64-token prompt, ``--new-tokens`` new, EOS ignored)
@@ -36,7 +38,9 @@ from edge_runtime.decoder_zoo import DecoderShape, write_decoder_folder  # noqa:
 
 SHAPE = DecoderShape(hidden=768, layers=6, heads=12, kv_heads=4, intermediate=2048, vocab=16384, max_positions=1024)
 MODEL_VERSION = 1  # bump when SHAPE or the builder changes: the cached folders are rebuilt
-VARIANTS = {"int8": ("int8", 4), "int4": ("int4", 4), "int4-fp32-compute": ("int4", 0)}
+# name -> (mode, quantize_decoder's kernel arguments): each kernel given, so every run compares the same forms
+VARIANTS = {"int8": ("int8", {"accuracy_level": 4}), "int8-per-token": ("int8", {"kernel": "matmulinteger"}),
+            "int4": ("int4", {"accuracy_level": 4}), "int4-fp32-compute": ("int4", {"accuracy_level": 0})}
 
 
 def build(models: Path) -> dict[str, Path]:
@@ -48,11 +52,11 @@ def build(models: Path) -> dict[str, Path]:
         shutil.rmtree(base, ignore_errors=True)
         write_decoder_folder(fp32, SHAPE, seed=0, std=0.02)
     folders = {"fp32": fp32}
-    for name, (mode, level) in VARIANTS.items():
+    for name, (mode, kernel) in VARIANTS.items():
         folders[name] = base / name
         if not (folders[name] / "model.onnx").is_file():
             started = time.perf_counter()
-            quantize_decoder(fp32, folders[name], mode, accuracy_level=level)
+            quantize_decoder(fp32, folders[name], mode, **kernel)
             print(f"quantized {name} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return folders
 
@@ -98,8 +102,7 @@ def main() -> int:
                "model": {"params_millions": round(_params(SHAPE) / 1e6, 1), **SHAPE.__dict__, "init_std": 0.02},
                "threads": args.threads, "rounds": args.rounds, "prompt_tokens": len(prompt),
                "new_tokens": args.new_tokens,
-               "variants": {name: {"mode": mode, "accuracy_level": level, "block_size": 32}
-                            for name, (mode, level) in VARIANTS.items()},
+               "variants": {name: {"mode": mode, **kernel} for name, (mode, kernel) in VARIANTS.items()},
                "results": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_decoder_quant.json").write_text(json.dumps(summary, indent=2))

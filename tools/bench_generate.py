@@ -10,8 +10,10 @@ Models (``--shape``): ``small``, a ~31M-parameter Qwen2-architecture decoder
   graph of the weights (``decoder_zoo.decoder_folder_from_hf``: GroupQueryAttention,
   KV appended in place) at fp32, and with ``--precisions fp32,int8,int4`` that
   folder quantized by ``edge_runtime.optimize.decoder_quant`` (what ``edge-runtime
-  quantize FOLDER --mode int8|int4`` writes: MatMulNBits, block 32, accuracy level
-  4); at ``small`` also the optimum export, our unfused graph and a plain ORT loop;
+  quantize FOLDER --mode int8|int4`` writes, the kernel chosen by measurement on this
+  machine: MatMulNBits block 32 at the faster accuracy level, or for int8 the per-token
+  MatMulInteger form; ``quantized_kernels`` in the JSON says which); at ``small`` also
+  the optimum export, our unfused graph and a plain ORT loop;
 * onnxruntime-genai (``--genai-python``, default ``$EDGE_RUNTIME_GENAI_PYTHON`` or
   ``/work/venvs/genai/bin/python``): its model builder at fp32 (and int4 when
   ``int4`` is among the precisions), in ``tools/genai_worker.py``;
@@ -53,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -183,7 +186,7 @@ def main() -> int:
     from edge_runtime.decoder_zoo import decoder_folder_from_hf
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
-    from edge_runtime.optimize.decoder_quant import quantize_decoder
+    from edge_runtime.optimize.decoder_quant import QUANTIZATION_FILE, quantize_decoder
 
     args.models.mkdir(parents=True, exist_ok=True)
     hf = hf_folder(spec, args.models)
@@ -193,10 +196,15 @@ def main() -> int:
     if not (fused_folder / "model.onnx").is_file():
         decoder_folder_from_hf(hf, fused_folder, fused=True)
     ours: dict[str, Any] = {"fp32": GenerativeModel("bench-fused", fused_folder, settings)}
+    kernels: dict[str, Any] = {}  # per quantized precision: the kernel quantize chose here, and its timings
     for precision in [p for p in precisions if p != "fp32"]:
         quantized = args.models / f"fused-{precision}-{spec.key}"
-        if not (quantized / "model.onnx").is_file():
-            quantize_decoder(fused_folder, quantized, precision)
+        record = quantized / QUANTIZATION_FILE
+        if not (quantized / "model.onnx").is_file() or "kernel" not in json.loads(record.read_text()):
+            shutil.rmtree(quantized, ignore_errors=True)  # none yet, or written before the kernel choice
+            quantize_decoder(fused_folder, quantized, precision, threads=args.threads)
+        kernels[precision] = {k: v for k, v in json.loads(record.read_text()).items()
+                              if k in ("kernel", "accuracy_level", "kernel_choice", "step_ms", "int8")}
         ours[precision] = GenerativeModel(f"bench-fused-{precision}", quantized, settings)
     fused = ours["fp32"]
     model = lean = plain = None
@@ -343,6 +351,7 @@ def main() -> int:
         "onnxruntime_genai": next(iter(genai.values())).version if genai else None,
         "llama_cpp_python": next(iter(llamacpp.values())).version if llamacpp else None,
         "notes": notes,
+        "quantized_kernels": kernels,
         "greedy_token_agreement": agree,
         "single_stream": {name: {"ttft_ms_best": round(best([r["ttft_ms"] for r in rows], high=False), 2),
                                  "decode_tokens_per_s_best": round(best([r["decode_tokens_per_s"] for r in rows]), 1)}
