@@ -1,4 +1,4 @@
-"""Weight-only int4/int8 quantization of a decoder LLM folder (ORT's ``MatMulNBits``, or int8 ``MatMulInteger``).
+"""int4/int8 quantization of a decoder LLM folder's weights (ORT's ``MatMulNBits``, or int8 ``MatMulInteger``).
 
 ``quantize_decoder(folder, out, bits)`` writes a copy of an ``optimum``-layout
 decoder folder in which every MatMul with a constant weight (q/k/v/o, the MLP,
@@ -20,7 +20,7 @@ interleaved): int4 2.2x at level 0 and 3.6x at level 4; int8 0.2x at level 0
 int8 has a second form: ``per_token_int8`` (int8 weights per output column,
 activations quantized per token at run time, ``MatMulInteger``). ``MatMulNBits``
 makes a pass over its weights per row, the integer GEMM one per step, so a batch of
-rows favours it; alone, either can win (on an Intel Xeon with VNNI, 2 threads: a
+rows favours the integer form; alone, either can win (on an Intel Xeon with VNNI, 2 threads: a
 31M decoder ran level with ``MatMulNBits`` alone and 1.4x as fast at eight streams;
 a 0.5B-shaped one 1.2x alone, 1.9x at eight, and prefilled 1,024 tokens 2.8x as fast).
 
