@@ -4,7 +4,8 @@ An ``optimum`` export of a decoder with past key values holds ``model.onnx``
 (``input_ids``, ``attention_mask``, optional ``position_ids``,
 ``past_key_values.N.key/value``; outputs ``logits``, ``present.N.key/value``),
 ``config.json``, ``generation_config.json`` and the tokenizer files. A folder
-with ``genai_config.json`` is in onnxruntime-genai's format instead.
+with ``genai_config.json`` is in onnxruntime-genai's format instead; a text decoder
+among them runs in our engine too (``read_genai_decoder``).
 """
 
 from __future__ import annotations
@@ -131,10 +132,11 @@ def read_folder(folder: Path) -> DecoderFolder:
 
 
 def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], generation: dict[str, Any],
-                     first_input: str = "input_ids") -> DecoderFolder:
+                     first_input: str = "input_ids", kv_dims: tuple[int, int] | None = None) -> DecoderFolder:
     """Describe the decoder graph ``model_path`` (its token input named ``first_input``: ``input_ids``,
     or ``inputs_embeds`` for a vision-language model's decoder) with its text ``config`` and
-    ``generation`` config; ModelLoadError names what is missing or wrong."""
+    ``generation`` config; ``kv_dims``: (kv heads, head dim) where the graph leaves them symbolic and
+    the folder's config gives them. ModelLoadError names what is missing or wrong."""
     import onnx
 
     proto = onnx.load(str(model_path), load_external_data=False)
@@ -155,6 +157,8 @@ def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], gen
                                      f"present.{layer}.{kind}")
     first = inputs["past_key_values.0.key"].type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else None for d in first.shape.dim]
+    if len(dims) == 4 and kv_dims is not None:
+        dims[1], dims[3] = dims[1] or kv_dims[0], dims[3] or kv_dims[1]
     if len(dims) != 4 or dims[1] is None or dims[3] is None:
         raise ModelLoadError(f"{model_path}: past_key_values.0.key must be [batch, kv_heads, past, head_dim] "
                              f"with fixed heads and head_dim, got {dims}")
@@ -172,6 +176,44 @@ def describe_decoder(folder: Path, model_path: Path, config: dict[str, Any], gen
                          int(vocab), context, eos, "position_ids" in inputs, str(config.get("model_type", "")),
                          weight_files(model_path, proto), appends_in_place(proto),
                          LOGITS_TO_KEEP in inputs and any(t.name == LOGITS_TO_KEEP for t in proto.graph.initializer))
+
+
+# genai_config.json's decoder input/output names that mean what the engine feeds and reads under these names
+_GENAI_NAMES = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+                "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
+                "logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+
+
+def read_genai_decoder(folder: Path) -> tuple[DecoderFolder | None, str]:
+    """An onnxruntime-genai folder described for our engine, or None and why it cannot be.
+
+    Its ``genai_config.json`` stands in for ``config.json``: a text decoder whose graph's inputs and
+    outputs carry the names the engine uses (what genai's model builder writes for Llama/Qwen/Phi-style
+    decoders: ``input_ids``, ``attention_mask``, ``past_key_values.%d.key``, ``present.%d.key`` ...).
+    Folders with other parts (vision, speech, embeddings) or other names stay onnxruntime-genai's.
+    """
+    folder = Path(folder)
+    config = read_json(folder / GENAI_CONFIG).get("model")
+    if not isinstance(config, dict) or not isinstance(config.get("decoder"), dict):
+        return None, f"{GENAI_CONFIG} has no model.decoder section"
+    parts = [key for key, value in config.items() if isinstance(value, dict) and key != "decoder"]
+    if parts:
+        return None, f"it has parts besides the decoder ({', '.join(sorted(parts))})"
+    decoder = config["decoder"]
+    names = {**decoder.get("inputs", {}), **decoder.get("outputs", {})}
+    other = {key: value for key, value in names.items() if _GENAI_NAMES.get(key) != value}
+    if other:
+        return None, f"its graph names {other} differ from the engine's"
+    model_path = folder / str(decoder.get("filename", MODEL_FILE))
+    if not model_path.is_file():
+        raise ModelLoadError(f"{folder}: {GENAI_CONFIG} names {model_path.name}, which is not there")
+    text_config = {"vocab_size": config.get("vocab_size"), "max_position_embeddings": config.get("context_length"),
+                   "eos_token_id": config.get("eos_token_id"), "model_type": config.get("type", "")}
+    try:
+        kv_dims = (int(decoder["num_key_value_heads"]), int(decoder["head_size"]))
+    except (KeyError, TypeError, ValueError):
+        kv_dims = None
+    return describe_decoder(folder, model_path, text_config, {}, kv_dims=kv_dims), ""
 
 
 def appends_in_place(proto: Any) -> bool:

@@ -73,15 +73,20 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
     """
     from edge_runtime.generation.engine import decode_rows, kv_buffer_bytes
 
-    if is_genai_folder(path):
-        from edge_runtime.generation.genai_engine import read_genai_folder
-
-        return GenerationFootprint(int(read_genai_folder(path).weight_bytes * footprint_factor), 0, 0)
-    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.folder import read_folder, read_genai_decoder
     from edge_runtime.generation.vision.folder import is_vlm_folder, read_vlm_folder
 
+    own = None  # a genai folder our engine runs (GenerativeModel decides the same way)
+    if is_genai_folder(path):
+        own = read_genai_decoder(path)[0] if settings.genai_runtime == "engine" else None
+        if own is None:
+            from edge_runtime.generation.genai_engine import read_genai_folder
+
+            return GenerationFootprint(int(read_genai_folder(path).weight_bytes * footprint_factor), 0, 0)
     image_cache = 0
-    if is_vlm_folder(path):
+    if own is not None:
+        folder = own
+    elif is_vlm_folder(path):
         from edge_runtime.generation.vision.settings import VisionSettings
 
         folder = read_vlm_folder(path, vision).decoder

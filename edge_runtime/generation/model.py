@@ -153,7 +153,14 @@ class GenerativeModel:
         self.vision_stats = VisionStats()  # image work of the requests (``/metrics``)
         self.prompter = None  # and what prepares its requests with images (VisionPrompter)
         threads = self.settings.threads or threads
-        if is_genai_folder(self.path):  # onnxruntime-genai owns model and KV: no prefix cache of ours
+        own = None  # a genai folder's text decoder, described for our engine
+        if is_genai_folder(self.path) and self.settings.genai_runtime == "engine":
+            from edge_runtime.generation.folder import read_genai_decoder
+
+            own, why = read_genai_decoder(self.path)
+            if own is None:
+                log.info("generative model %s: onnxruntime-genai runs it: %s", name, why)
+        if is_genai_folder(self.path) and own is None:  # onnxruntime-genai owns model and KV: no prefix cache
             from edge_runtime.generation.genai_engine import GenaiBatcher, read_genai_folder
 
             self.backend = "onnxruntime-genai"
@@ -175,7 +182,7 @@ class GenerativeModel:
                 self.vlm, self.folder, self.engine = parts.folder, parts.folder.decoder, parts.engine
                 self.prompter = parts.prompter
             else:
-                self.folder = read_folder(self.path)
+                self.folder = own or read_folder(self.path)
                 self.engine = DecoderEngine(self.folder, threads=threads, max_batch=self.settings.max_batch_size,
                                             flush_denormals=self.settings.flush_denormals,
                                             max_len=kv_positions(self.folder, self.settings))

@@ -57,6 +57,10 @@ class GenerationSettings:
     threads: int = 0
     tool_parser: str = ""
     flush_denormals: bool = True  # edge_runtime.denormals: the engine's session and the batcher thread
+    # A text decoder in onnxruntime-genai's format: "engine" runs it in ours (continuous batching, prefix
+    # cache) when its graph fits (folder.read_genai_decoder), else onnxruntime-genai; "onnxruntime-genai"
+    # always hands it to onnxruntime-genai (the genai extra).
+    genai_runtime: str = "engine"
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "max_seq_len", "prefill_chunk_tokens", "prefix_block_tokens"):
@@ -65,6 +69,9 @@ class GenerationSettings:
         for key in ("max_queue", "kv_budget_tokens", "prefix_cache_bytes", "threads", "idle_prefill_chunk_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"[generation] {key} must be >= 0, got {getattr(self, key)}")
+        if self.genai_runtime not in ("engine", "onnxruntime-genai"):
+            raise ConfigError(f"[generation] genai_runtime must be 'engine' or 'onnxruntime-genai', "
+                              f"got {self.genai_runtime!r}")
         if self.tool_parser not in ("", "hermes", "json"):
             raise ConfigError(f"[generation] tool_parser must be 'hermes' or 'json', got {self.tool_parser!r}")
 
