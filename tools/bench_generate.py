@@ -16,7 +16,9 @@ Models (``--shape``): ``small``, a ~31M-parameter Qwen2-architecture decoder
   the optimum export, our unfused graph and a plain ORT loop;
 * onnxruntime-genai (``--genai-python``, default ``$EDGE_RUNTIME_GENAI_PYTHON`` or
   ``/work/venvs/genai/bin/python``): its model builder at fp32 (and int4 when
-  ``int4`` is among the precisions), in ``tools/genai_worker.py``;
+  ``int4`` is among the precisions), in ``tools/genai_worker.py``; and the same
+  folders run by our engine (``edge-runtime-on-genai-folder``, what loading a genai
+  text folder does by default), single stream and 1 / 8 streams;
 * llama.cpp (``--llamacpp-python``, default ``$EDGE_RUNTIME_LLAMACPP_PYTHON``; off
   when unset): llama-cpp-python in ``tools/llamacpp_worker.py``, GGUF written by
   llama.cpp's ``convert_hf_to_gguf.py`` (f32) and quantized by its quantizer
@@ -226,6 +228,12 @@ def main() -> int:
                                             precision)
     else:
         notes.append(f"onnxruntime-genai not measured: no interpreter at {args.genai_python}")
+    # The same genai folders run in our engine (a genai text folder's default: continuous batching,
+    # prefix cache, KV in place), beside onnxruntime-genai running them.
+    on_genai: dict[str, Any] = {
+        precision: GenerativeModel(f"bench-genai-folder-{precision}",
+                                   args.models / f"{'genai' if precision == 'fp32' else 'genai-' + precision}-{spec.key}",
+                                   settings) for precision in genai}
     llamacpp: dict[str, JsonWorker] = {}
     if args.llamacpp_python and Path(args.llamacpp_python).is_file():
         workers = llamacpp_workers(args.llamacpp_python, hf, args.models / f"gguf-{spec.key}", args.threads,
@@ -255,6 +263,9 @@ def main() -> int:
         for precision, worker in genai.items():
             runners[side("onnxruntime-genai", precision, context)] = \
                 (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
+        for precision, engine in on_genai.items():
+            runners[side("edge-runtime-on-genai-folder", precision, context)] = \
+                (context, lambda t, e=engine: ours_single(e, t, new))
         for precision, worker in llamacpp.items():
             runners[side("llama.cpp", PEERS[precision]["llama.cpp"], context)] = \
                 (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
@@ -267,10 +278,11 @@ def main() -> int:
     single: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     streams: dict[int, list[float]] = {1: [], 4: [], 8: []}
     fused_streams = {precision: {1: [], 8: []} for precision in ours}
+    on_genai_streams = {precision: {1: [], 8: []} for precision in on_genai}
     genai_batch8: list[float] = []
     llamacpp_batch8: dict[str, list[float]] = {PEERS[p]["llama.cpp"]: [] for p in llamacpp}
     warm = fresh_prompts(10_000)[0][64]
-    for engine in [*ours.values(), *([model, lean] if small else [])]:  # warm-up
+    for engine in [*ours.values(), *on_genai.values(), *([model, lean] if small else [])]:  # warm-up
         engine.generate(warm, max_tokens=4, ignore_eos=True)
     if plain is not None:
         plain.run(warm, 4)
@@ -291,6 +303,9 @@ def main() -> int:
         for precision, engine in ours.items():
             for count in fused_streams[precision]:
                 fused_streams[precision][count].append(ours_streams(engine, stream_prompts[count], new))
+        for precision, engine in on_genai.items():
+            for count in on_genai_streams[precision]:
+                on_genai_streams[precision][count].append(ours_streams(engine, stream_prompts[count], new))
         if "fp32" in genai:
             genai_batch8.append(genai["fp32"].ask(cmd="batch", prompts=stream_prompts[8], new=new)
                                 ["aggregate_tokens_per_s"])
@@ -337,6 +352,11 @@ def main() -> int:
                 if quantized is not None and full is not None:
                     agree[f"ctx{context}-{engine}-{theirs}-vs-{engine}-{PEERS['fp32'][engine]}"] = \
                         agreement(quantized, full)
+    for precision in on_genai:  # the same graph, two engines: the tokens should agree
+        for context in contexts:
+            agree[f"ctx{context}-{precision}-on-genai-folder-vs-genai"] = agreement(
+                tokens(side("edge-runtime-on-genai-folder", precision, context)),
+                tokens(side("onnxruntime-genai", precision, context)))
     if small:
         for name in ("edge-runtime", "edge-runtime-own-graph", "plain-ort-loop"):
             agree[f"ctx64-fp32-fused-vs-{name}"] = agreement(tokens("edge-runtime-fused"), tokens(name))
@@ -360,6 +380,8 @@ def main() -> int:
         "aggregate_fused_tokens_per_s_best": {p: {str(k): round(best(v), 1) for k, v in counts.items() if v}
                                               for p, counts in fused_streams.items()},
         "genai_static_batch8_tokens_per_s_best": round(best(genai_batch8), 1) if genai_batch8 else None,
+        "on_genai_folder_tokens_per_s_best": {p: {str(k): round(best(v), 1) for k, v in counts.items() if v}
+                                              for p, counts in on_genai_streams.items()},
         "llamacpp_batch8_tokens_per_s_best": {p: round(best(v), 1) for p, v in llamacpp_batch8.items() if v},
         "prefix_ttft_ms_best": {"uncached": round(min(uncached_ms), 2), "cached": round(min(cached_ms), 2),
                                 "prefix_tokens": prefix_tokens} if cached_ms else None,
@@ -371,6 +393,10 @@ def main() -> int:
         "decode_fused_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-fused"),
         "decode_fused_ctx1024_vs_ctx64": _ratio(s, "edge-runtime-fused", "edge-runtime-fused-ctx1024"),
         "fused_streams8_vs_streams1": {p: round(v["8"] / v["1"], 2) for p, v in fs.items() if "8" in v},
+        # genai's own folders: our engine running them ÷ onnxruntime-genai running them, decode tokens/s
+        "decode_on_genai_folder_vs_genai": {
+            f"ctx{c}-{p}": _ratio(s, side("onnxruntime-genai", p, c), side("edge-runtime-on-genai-folder", p, c))
+            for p in on_genai for c in contexts},
         "cached_ttft_vs_uncached": round(min(cached_ms) / min(uncached_ms), 3) if cached_ms else None,
     }
     if small:
@@ -388,7 +414,7 @@ def main() -> int:
     (args.out / "bench_generate.json").write_text(json.dumps(summary, indent=2))
     _plot(summary, args.out / "bench_generate.png")
     print(json.dumps(summary, indent=2))
-    for engine in [*ours.values(), *([model, lean] if small else [])]:
+    for engine in [*ours.values(), *on_genai.values(), *([model, lean] if small else [])]:
         engine.close()
     for worker in [*genai.values(), *llamacpp.values()]:
         worker.close()
