@@ -221,19 +221,18 @@ def main() -> int:
         plain = PlainLoop(folder / "model.onnx", args.threads, kv.layers, kv.kv_heads, kv.head_dim)
     notes: list[str] = []
     genai: dict[str, JsonWorker] = {}
+    genai_folders: dict[str, Path] = {}
     if Path(args.genai_python).is_file():
         for precision in [p for p in precisions if PEERS[p]["genai"]]:
             name = "genai" if precision == "fp32" else f"genai-{precision}"  # fp32 keeps its older cache name
-            genai[precision] = genai_worker(args.genai_python, hf, args.models / f"{name}-{spec.key}", args.threads,
-                                            precision)
+            genai_folders[precision] = args.models / f"{name}-{spec.key}"
+            genai[precision] = genai_worker(args.genai_python, hf, genai_folders[precision], args.threads, precision)
     else:
         notes.append(f"onnxruntime-genai not measured: no interpreter at {args.genai_python}")
     # The same genai folders run in our engine (a genai text folder's default: continuous batching,
     # prefix cache, KV in place), beside onnxruntime-genai running them.
-    on_genai: dict[str, Any] = {
-        precision: GenerativeModel(f"bench-genai-folder-{precision}",
-                                   args.models / f"{'genai' if precision == 'fp32' else 'genai-' + precision}-{spec.key}",
-                                   settings) for precision in genai}
+    on_genai: dict[str, Any] = {p: GenerativeModel(f"bench-genai-folder-{p}", folder, settings)
+                                for p, folder in genai_folders.items()}
     llamacpp: dict[str, JsonWorker] = {}
     if args.llamacpp_python and Path(args.llamacpp_python).is_file():
         workers = llamacpp_workers(args.llamacpp_python, hf, args.models / f"gguf-{spec.key}", args.threads,

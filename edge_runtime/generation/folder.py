@@ -200,7 +200,10 @@ def read_genai_decoder(folder: Path) -> tuple[DecoderFolder | None, str]:
     if parts:
         return None, f"it has parts besides the decoder ({', '.join(sorted(parts))})"
     decoder = config["decoder"]
-    names = {**decoder.get("inputs", {}), **decoder.get("outputs", {})}
+    inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
+    if not isinstance(inputs, dict) or not isinstance(outputs, dict):
+        return None, "its decoder inputs/outputs are not name tables"
+    names = {**inputs, **outputs}
     other = {key: value for key, value in names.items() if _GENAI_NAMES.get(key) != value}
     if other:
         return None, f"its graph names {other} differ from the engine's"

@@ -27,8 +27,8 @@ is applied after the integer product).
 Why at all: ``MatMulNBits`` keeps one pass over the weights per row, so its cost grows
 with the rows of a step, while the integer GEMM reads the weights once for all rows.
 Measured on a 2-core Intel Xeon (AVX-512 VNNI, AMX), ORT 1.32, an 896 x 4,864 weight, best
-of 5 x 300 runs of a one-off script (µs, 1 / 8 / 512 rows): this form 65 / 125 / 3,039, 8-bit ``MatMulNBits`` at accuracy
-level 4 98 / 296 / —, fp32 ``MatMul`` 332 / 460 / —. ``decoder_quant`` times it against
+of 5 x 300 runs of a one-off script (µs, 1 / 8 / 512 rows): this form 65 / 125 / 3,039; 8-bit
+``MatMulNBits`` at accuracy level 4 98 / 296 / 13,800; fp32 ``MatMul`` 332 / 460 / 12,200. ``decoder_quant`` times it against
 ``MatMulNBits`` on the device and keeps the faster (``quantize --mode int8``).
 """
 
