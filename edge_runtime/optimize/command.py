@@ -133,6 +133,7 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def _quantize_decoder(args: argparse.Namespace) -> int:
+    from edge_runtime.optimize.decoder_quant import PRECISION_SLACK
     from edge_runtime.optimize.workflow import convert_decoder
     from edge_runtime.runtime import Runtime
 
@@ -157,6 +158,8 @@ def _quantize_decoder(args: argparse.Namespace) -> int:
         timed = "; ".join(f"{name} " + ", ".join(f"{ms:.3f} ms at {rows} rows" for rows, ms in by_rows.items())
                           for name, by_rows in data["step_ms"].items())
         print(f"kernel chosen by measurement (median decode step here): {timed}")
+        drifts = ", ".join(f"{name} {kl:.3g}" for name, kl in data["kl_mean"].items())
+        print(f"  among those within {PRECISION_SLACK:g}x the smallest drift (mean KL nats/token): {drifts}")
     print(f"drift on {drift['tokens']} tokens of the {data['text_from']} text (teacher-forced):")
     print(f"  perplexity {drift['perplexity_reference']:.4g} -> {drift['perplexity_candidate']:.4g} "
           f"({drift['perplexity_ratio']:.4f}x), KL mean {drift['kl_mean']:.3g} max {drift['kl_max']:.3g} nats/token, "

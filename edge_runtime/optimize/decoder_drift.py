@@ -107,7 +107,7 @@ def _session(folder: Path, threads: int) -> tuple[Any, Any]:
     return description, session
 
 
-def _all_logits(description: Any, session: Any, tokens: Sequence[int]) -> np.ndarray:
+def window_logits(description: Any, session: Any, tokens: Sequence[int]) -> np.ndarray:
     """Logits [positions, vocab] of one window from an empty cache (the whole window in one run)."""
     n = len(tokens)
     layout = description.kv
@@ -121,7 +121,7 @@ def _all_logits(description: Any, session: Any, tokens: Sequence[int]) -> np.nda
     return np.asarray(session.run(["logits"], feeds)[0][0], np.float64)
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
@@ -139,9 +139,9 @@ def decoder_drift(reference: Path, candidate: Path, text: str, *, window: int = 
     agree = positions = 0
     max_abs = 0.0
     for tokens in windows:
-        ref_logits = _all_logits(ref_desc, ref_session, tokens)
-        cand_logits = _all_logits(cand_desc, cand_session, tokens)
-        ref_lp, cand_lp = _log_softmax(ref_logits), _log_softmax(cand_logits)
+        ref_logits = window_logits(ref_desc, ref_session, tokens)
+        cand_logits = window_logits(cand_desc, cand_session, tokens)
+        ref_lp, cand_lp = log_softmax(ref_logits), log_softmax(cand_logits)
         targets = np.asarray(tokens[1:])
         rows = np.arange(len(targets))
         nll_ref -= float(ref_lp[rows, targets].sum())

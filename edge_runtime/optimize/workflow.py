@@ -136,7 +136,7 @@ def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, c
     result = quantize_decoder(folder, out, mode,
                               block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
                               accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level,
-                              kernel=kernel,
+                              kernel=kernel, text=text,
                               threads=runtime.threads)
     drift = decoder_drift(folder, out, text, window=window, threads=runtime.threads)
     speed = compare_decode_speed(runtime, folder, out, prompt=prompt, new_tokens=new_tokens, rounds=rounds)
