@@ -202,7 +202,8 @@ def main() -> int:
     for precision in [p for p in precisions if p != "fp32"]:
         quantized = args.models / f"fused-{precision}-{spec.key}"
         record = quantized / QUANTIZATION_FILE
-        if not (quantized / "model.onnx").is_file() or "kernel" not in json.loads(record.read_text()):
+        if not (quantized / "model.onnx").is_file() or not record.is_file() \
+                or "kernel" not in json.loads(record.read_text()):
             shutil.rmtree(quantized, ignore_errors=True)  # none yet, or written before the kernel choice
             quantize_decoder(fused_folder, quantized, precision, threads=args.threads)
         kernels[precision] = {k: v for k, v in json.loads(record.read_text()).items()
