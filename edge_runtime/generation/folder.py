@@ -219,6 +219,14 @@ def read_genai_decoder(folder: Path) -> tuple[DecoderFolder | None, str]:
     return describe_decoder(folder, model_path, text_config, {}, kv_dims=kv_dims), ""
 
 
+def engine_genai_decoder(folder: Path, genai_runtime: str) -> tuple[DecoderFolder | None, str]:
+    """The genai folder's decoder for our engine under ``[generation] genai_runtime``, or None and why not
+    (the one rule ``GenerativeModel`` and the memory budget's footprint both follow)."""
+    if genai_runtime != "engine":
+        return None, f"[generation] genai_runtime is {genai_runtime!r}"
+    return read_genai_decoder(folder)
+
+
 def appends_in_place(proto: Any) -> bool:
     """True when the graph attends with ``com.microsoft.GroupQueryAttention``, which appends new
     keys/values into ``present`` in place when it is bound to the same memory as ``past``."""

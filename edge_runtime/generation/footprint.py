@@ -73,12 +73,12 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
     """
     from edge_runtime.generation.engine import decode_rows, kv_buffer_bytes
 
-    from edge_runtime.generation.folder import read_folder, read_genai_decoder
+    from edge_runtime.generation.folder import engine_genai_decoder, read_folder
     from edge_runtime.generation.vision.folder import is_vlm_folder, read_vlm_folder
 
     own = None  # a genai folder our engine runs (GenerativeModel decides the same way)
     if is_genai_folder(path):
-        own = read_genai_decoder(path)[0] if settings.genai_runtime == "engine" else None
+        own = engine_genai_decoder(path, settings.genai_runtime)[0]
         if own is None:
             from edge_runtime.generation.genai_engine import read_genai_folder
 

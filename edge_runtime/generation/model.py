@@ -153,14 +153,14 @@ class GenerativeModel:
         self.vision_stats = VisionStats()  # image work of the requests (``/metrics``)
         self.prompter = None  # and what prepares its requests with images (VisionPrompter)
         threads = self.settings.threads or threads
-        own = None  # a genai folder's text decoder, described for our engine
-        if is_genai_folder(self.path) and self.settings.genai_runtime == "engine":
-            from edge_runtime.generation.folder import read_genai_decoder
+        genai, own = is_genai_folder(self.path), None  # own: a genai folder's text decoder, for our engine
+        if genai:
+            from edge_runtime.generation.folder import engine_genai_decoder
 
-            own, why = read_genai_decoder(self.path)
+            own, why = engine_genai_decoder(self.path, self.settings.genai_runtime)
             if own is None:
                 log.info("generative model %s: onnxruntime-genai runs it: %s", name, why)
-        if is_genai_folder(self.path) and own is None:  # onnxruntime-genai owns model and KV: no prefix cache
+        if genai and own is None:  # onnxruntime-genai owns model and KV: no prefix cache of ours
             from edge_runtime.generation.genai_engine import GenaiBatcher, read_genai_folder
 
             self.backend = "onnxruntime-genai"

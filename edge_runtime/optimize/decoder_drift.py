@@ -94,17 +94,26 @@ def token_windows(folder: Path, text: str, window: int, max_tokens: int) -> list
 
 
 def _session(folder: Path, threads: int) -> tuple[Any, Any]:
-    import onnxruntime as ort
-
     from edge_runtime.generation.folder import read_folder
 
     description = read_folder(folder)
+    return description, graph_session(description, description.model_path, threads)
+
+
+def graph_session(description: Any, model_path: Path, threads: int) -> Any:
+    """A plain ONNX Runtime session of ``model_path``, a graph with the I/O ``description`` describes."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if description.keeps_logits:
         options.log_severity_level = 3  # errors only: ORT warns of every overridable input (logits_to_keep)
-    session = ort.InferenceSession(str(description.model_path), options, providers=["CPUExecutionProvider"])
-    return description, session
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+def kl_per_position(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """KL(reference || candidate) in nats at each position, from two [positions, vocab] log-probabilities."""
+    return (np.exp(reference) * (reference - candidate)).sum(axis=-1)
 
 
 def window_logits(description: Any, session: Any, tokens: Sequence[int]) -> np.ndarray:
@@ -146,7 +155,7 @@ def decoder_drift(reference: Path, candidate: Path, text: str, *, window: int = 
         rows = np.arange(len(targets))
         nll_ref -= float(ref_lp[rows, targets].sum())
         nll_cand -= float(cand_lp[rows, targets].sum())
-        kls.append((np.exp(ref_lp) * (ref_lp - cand_lp)).sum(axis=-1))
+        kls.append(kl_per_position(ref_lp, cand_lp))
         agree += int((ref_lp.argmax(-1) == cand_lp.argmax(-1)).sum())
         positions += len(tokens)
         max_abs = max(max_abs, float(np.abs(ref_logits - cand_logits).max()))

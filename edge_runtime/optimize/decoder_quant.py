@@ -193,17 +193,17 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
         raise InvalidInputError(f"quantize: --out must be a new folder, not the source folder {folder}")
     bits = DECODER_MODES[mode]
     models: dict[str, Any] = {}
-    total = done = 0
+    total = 0
     for op in dict.fromkeys(k.op for k in candidates):  # one conversion per op; levels share the weights
         level = next(k.level for k in candidates if k.op == op)
-        model, total, done = _convert(description.model_path, mode, op, bits, block_size, level, int8)
+        model, total = _convert(description.model_path, mode, op, bits, block_size, level, int8)
         for candidate in candidates:
             if candidate.op == op:  # each level written out: the quantizer leaves a default level unset
                 models[candidate.name] = model if candidate.level is None else \
                     set_accuracy_level(model if candidate.level == level else _copy(model), candidate.level)
     step_ms = kl = None
     if timed:
-        step_ms, kl = time_kernels(description, models, threads=threads, text=text)
+        step_ms, kl = measure_kernels(description, models, threads=threads, text=text)
     chosen = candidates[0] if step_ms is None else next(k for k in candidates if k.name == fastest(step_ms, kl))
     winner = models[chosen.name]
     done = sum(1 for node in winner.graph.node if node.op_type == chosen.op)
@@ -224,8 +224,8 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
 
 
 def _convert(path: Path, mode: str, op: str, bits: int, block_size: int, level: int | None,
-             int8: Int8Settings) -> tuple[Any, int, int]:
-    """The model at ``path`` with its MatMuls as ``op``; the MatMuls it had and how many were converted."""
+             int8: Int8Settings) -> tuple[Any, int]:
+    """The model at ``path`` with its MatMuls as ``op``, and how many MatMuls it had."""
     import onnx
 
     proto = onnx.load(str(path))
@@ -240,7 +240,7 @@ def _convert(path: Path, mode: str, op: str, bits: int, block_size: int, level: 
         raise ModelLoadError(f"quantize {mode}: cannot convert {path}: {type(exc).__name__}: {exc}") from exc
     if done == 0:
         raise ModelLoadError(f"quantize {mode}: {path} has no MatMul with a constant 2-D weight to quantize")
-    return converted, total, done
+    return converted, total
 
 
 def _copy(model: Any) -> Any:
@@ -277,9 +277,9 @@ def set_accuracy_level(model: object, level: int) -> object:
     return model
 
 
-def time_kernels(description: Any, models: dict[str, Any], *, threads: int = 1, steps: int = AUTO_STEPS,
-                 rows: tuple[int, ...] = AUTO_ROWS,
-                 text: str | None = None) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
+def measure_kernels(description: Any, models: dict[str, Any], *, threads: int = 1, steps: int = AUTO_STEPS,
+                    rows: tuple[int, ...] = AUTO_ROWS,
+                    text: str | None = None) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
     """Median decode-step milliseconds of each of ``models`` (the folder's graph, converted) at each ``rows``,
     and each one's mean KL(original || it) per token teacher-forced on ``text`` (``kernel_drift``).
 
@@ -327,26 +327,21 @@ def kernel_drift(description: Any, paths: dict[str, Path], text: str | None, *, 
     """Mean KL(original || candidate) per token of each graph in ``paths`` (the folder's graph, converted),
     teacher-forced over ``text``'s first ``PRECISION_TOKENS`` tokens in windows of ``PRECISION_WINDOW``."""
     import numpy as np
-    import onnxruntime as ort
 
-    from edge_runtime.optimize.decoder_drift import DEFAULT_TEXT, window_logits, log_softmax, token_windows
+    from edge_runtime.optimize.decoder_drift import (DEFAULT_TEXT, graph_session, kl_per_position, log_softmax,
+                                                     token_windows, window_logits)
 
     windows = token_windows(description.path, DEFAULT_TEXT if text is None else text,
                             min(PRECISION_WINDOW, description.context_length), PRECISION_TOKENS)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3  # errors only: ORT warns of every overridable input (logits_to_keep)
 
     def log_probs(path: Path) -> list[np.ndarray]:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = graph_session(description, path, threads)
         return [log_softmax(window_logits(description, session, window)) for window in windows]
 
     reference = log_probs(description.model_path)
-    drift = {}
-    for name, path in paths.items():
-        kls = [(np.exp(ref) * (ref - cand)).sum(axis=-1) for ref, cand in zip(reference, log_probs(path))]
-        drift[name] = float(np.concatenate(kls).mean())
-    return drift
+    return {name: float(np.concatenate([kl_per_position(ref, cand)
+                                        for ref, cand in zip(reference, log_probs(path))]).mean())
+            for name, path in paths.items()}
 
 
 def matmul_nbits(proto: object, bits: int, block_size: int, accuracy_level: int,

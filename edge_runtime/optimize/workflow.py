@@ -57,8 +57,7 @@ def convert(runtime: "Runtime", source: Path, out: Path, mode: str, *, calibrati
     samples: list[Sample] = load_samples(calibration, specs) if calibration else seeded_samples(specs, seeded_count)
     if on_total is not None and mode == "static":
         on_total(len(samples))
-    cpu = runtime.profile.get("cpu", {})
-    settings = int8_settings(cpu.get("features", []), platform.machine())
+    settings = runtime_int8_settings(runtime)
     result = quantize_model(source, out, mode, settings=settings, samples=samples, on_sample=on_sample)
     # The drift is measured on `cpu` (plain ONNX Runtime), so it is always among the plans.
     names = ["cpu", *[p for p in (plans or _available_plans(runtime, source)) if p != "cpu"]]
@@ -114,6 +113,12 @@ class DecoderConversionReport:
                 "speed": self.speed.to_dict()}
 
 
+def runtime_int8_settings(runtime: "Runtime") -> Any:
+    """``int8_settings`` for the CPU the runtime's device profile describes."""
+    cpu = runtime.profile.get("cpu", {})
+    return int8_settings(cpu.get("features", []), platform.machine())
+
+
 def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, calibration: Path | None = None,
                     block_size: int | None = None, accuracy_level: int | str | None = None, kernel: str = "auto",
                     rounds: int = 3,
@@ -136,7 +141,7 @@ def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, c
     result = quantize_decoder(folder, out, mode,
                               block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
                               accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level,
-                              kernel=kernel, text=text,
+                              kernel=kernel, text=text, int8=runtime_int8_settings(runtime),
                               threads=runtime.threads)
     drift = decoder_drift(folder, out, text, window=window, threads=runtime.threads)
     speed = compare_decode_speed(runtime, folder, out, prompt=prompt, new_tokens=new_tokens, rounds=rounds)
