@@ -255,7 +255,7 @@ class Runtime:
                                      "model.onnx + config.json (optimum), onnx/decoder_model_merged.onnx + "
                                      "embed_tokens + vision_encoder (a vision-language model) or genai_config.json")
         return load_generative(folder, name, settings, threads=self.threads, vision=vision,
-                               vision_loader=self.load_vision_encoder)
+                               vision_loader=self.load_vision_encoder, cache_dir=self.config.cache_dir)
 
     def load_vision_encoder(self, path: Path, plan: str,
                             input_shapes: Mapping[str, Sequence[int]] | None = None,

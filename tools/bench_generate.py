@@ -13,7 +13,9 @@ Models (``--shape``): ``small``, a ~31M-parameter Qwen2-architecture decoder
   quantize FOLDER --mode int8|int4`` writes, the kernel chosen by measurement on this
   machine: MatMulNBits block 32 at the faster accuracy level, or for int8 the per-token
   MatMulInteger form; ``quantized_kernels`` in the JSON says which); at ``small`` also
-  the optimum export, our unfused graph and a plain ORT loop;
+  the optimum export served as exported (``fuse_exports`` off) and as a default load
+  serves it (``edge-runtime-export-rebuilt``: rebuilt as the fused graph by
+  ``generation.fused_exports``), our unfused graph and a plain ORT loop;
 * onnxruntime-genai (``--genai-python``, default ``$EDGE_RUNTIME_GENAI_PYTHON`` or
   ``/work/venvs/genai/bin/python``): its model builder at fp32 (and int4 when
   ``int4`` is among the precisions), in ``tools/genai_worker.py``; and the same
@@ -55,6 +57,7 @@ Usage: ``python tools/bench_generate.py [--quick] [--threads 2] [--shape small|0
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -210,13 +213,15 @@ def main() -> int:
                               if k in ("kernel", "accuracy_level", "kernel_choice", "step_ms", "int8")}
         ours[precision] = GenerativeModel(f"bench-fused-{precision}", quantized, settings)
     fused = ours["fp32"]
-    model = lean = plain = None
+    model = lean = plain = rebuilt = None
     if small:  # the unfused sides: the optimum export (911 nodes), our plain-ONNX graph, a hand loop
         folder = optimum_folder(spec, args.models)
         lean_folder = args.models / f"lean-{spec.key}"
         if not (lean_folder / "model.onnx").is_file():
             decoder_folder_from_hf(hf, lean_folder, fused=False)
-        model = GenerativeModel("bench", folder, settings)
+        # the export served as exported, and as a load serves it by default: rebuilt as the fused graph
+        model = GenerativeModel("bench", folder, dataclasses.replace(settings, fuse_exports=False))
+        rebuilt = GenerativeModel("bench-export-rebuilt", folder, settings)
         lean = GenerativeModel("bench-lean", lean_folder, settings)
         kv = model.folder.kv
         plain = PlainLoop(folder / "model.onnx", args.threads, kv.layers, kv.kv_heads, kv.head_dim)
@@ -271,10 +276,12 @@ def main() -> int:
                 (context, lambda t, w=worker: w.ask(cmd="single", prompt=t, new=new))
     if small:
         runners.update({"edge-runtime": (64, lambda t: ours_single(model, t, new)),
+                        "edge-runtime-export-rebuilt": (64, lambda t: ours_single(rebuilt, t, new)),
                         "edge-runtime-own-graph": (64, lambda t: ours_single(lean, t, new)),
                         "plain-ort-loop": (64, lambda t: plain.run(t, new))})
         if 1024 in contexts:
             runners["edge-runtime-own-graph-ctx1024"] = (1024, lambda t: ours_single(lean, t, new))
+            runners["edge-runtime-export-rebuilt-ctx1024"] = (1024, lambda t: ours_single(rebuilt, t, new))
     single: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     streams: dict[int, list[float]] = {1: [], 4: [], 8: []}
     fused_streams = {precision: {1: [], 8: []} for precision in ours}
@@ -282,7 +289,7 @@ def main() -> int:
     genai_batch8: list[float] = []
     llamacpp_batch8: dict[str, list[float]] = {PEERS[p]["llama.cpp"]: [] for p in llamacpp}
     warm = fresh_prompts(10_000)[0][64]
-    for engine in [*ours.values(), *on_genai.values(), *([model, lean] if small else [])]:  # warm-up
+    for engine in [*ours.values(), *on_genai.values(), *([model, rebuilt, lean] if small else [])]:  # warm-up
         engine.generate(warm, max_tokens=4, ignore_eos=True)
     if plain is not None:
         plain.run(warm, 4)
@@ -406,6 +413,11 @@ def main() -> int:
             "decode_vs_plain_loop": _ratio(s, "plain-ort-loop"),
             "decode_fused_vs_own_graph": _ratio(s, "edge-runtime-own-graph", "edge-runtime-fused"),
             "decode_fused_vs_optimum": _ratio(s, "edge-runtime", "edge-runtime-fused"),
+            # the export as a default load serves it (rebuilt as the fused graph) ÷ served as exported / ÷ genai
+            "decode_export_rebuilt_vs_exported": _ratio(s, "edge-runtime", "edge-runtime-export-rebuilt"),
+            "decode_export_rebuilt_vs_genai": _ratio(s, "onnxruntime-genai", "edge-runtime-export-rebuilt"),
+            "decode_export_rebuilt_vs_genai_ctx1024": _ratio(s, "onnxruntime-genai-ctx1024",
+                                                             "edge-runtime-export-rebuilt-ctx1024"),
             "decode_fused_vs_own_graph_ctx1024": _ratio(s, "edge-runtime-own-graph-ctx1024",
                                                         "edge-runtime-fused-ctx1024"),
             "streams8_vs_streams1": round(best(streams[8]) / best(streams[1]), 2) if streams[8] else None,
@@ -414,7 +426,7 @@ def main() -> int:
     (args.out / "bench_generate.json").write_text(json.dumps(summary, indent=2))
     _plot(summary, args.out / "bench_generate.png")
     print(json.dumps(summary, indent=2))
-    for engine in [*ours.values(), *on_genai.values(), *([model, lean] if small else [])]:
+    for engine in [*ours.values(), *on_genai.values(), *([model, rebuilt, lean] if small else [])]:
         engine.close()
     for worker in [*genai.values(), *llamacpp.values()]:
         worker.close()

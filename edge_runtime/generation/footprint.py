@@ -65,15 +65,18 @@ def kv_positions(folder: DecoderFolder, settings: GenerationSettings) -> int:
 
 
 def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor: float,
-                      vision: "VisionSettings | None" = None) -> GenerationFootprint:
+                      vision: "VisionSettings | None" = None, cache_dir: Path | None = None) -> GenerationFootprint:
     """The parts a load of the folder ``path`` will allocate (reads its description, allocates nothing).
 
     A vision-language folder's weights are its three parts' files as ``vision`` (its ``[vision]``
-    settings) chooses them. Raises what reading the folder raises (ModelLoadError, ModelNotFoundError).
+    settings) chooses them. An optimum export is described as its load will run it
+    (``fused_exports.text_decoder``: rebuilt into ``cache_dir`` now if it is not yet). Raises what
+    reading the folder raises (ModelLoadError, ModelNotFoundError).
     """
     from edge_runtime.generation.engine import decode_rows, kv_buffer_bytes
 
-    from edge_runtime.generation.folder import engine_genai_decoder, read_folder
+    from edge_runtime.generation.folder import engine_genai_decoder
+    from edge_runtime.generation.fused_exports import text_decoder
     from edge_runtime.generation.vision.folder import is_vlm_folder, read_vlm_folder
 
     own = None  # a genai folder our engine runs (GenerativeModel decides the same way)
@@ -92,7 +95,7 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
         folder = read_vlm_folder(path, vision).decoder
         image_cache = (vision or VisionSettings()).feature_cache_bytes
     else:
-        folder = read_folder(path)
+        folder = text_decoder(path, settings, cache_dir)
     kv = kv_buffer_bytes(folder, decode_rows(folder, settings.max_batch_size), kv_positions(folder, settings))
     return GenerationFootprint(int(folder.weight_bytes * footprint_factor), kv, settings.prefix_cache_bytes,
                                image_cache)

@@ -130,13 +130,14 @@ class GenerativeModel:
 
     def __init__(self, name: str, path: Path, settings: GenerationSettings | None = None, *,
                  threads: int = 1, vision: "VisionSettings | None" = None,
-                 vision_loader: "VisionLoader | None" = None) -> None:
+                 vision_loader: "VisionLoader | None" = None, cache_dir: Path | None = None) -> None:
         """``vision``: a VLM folder's ``[vision]`` settings; ``vision_loader``: how its vision encoder
-        is loaded (``Runtime.load``-like; default an ONNX Runtime CPU session)."""
+        is loaded (``Runtime.load``-like; default an ONNX Runtime CPU session); ``cache_dir``: where an
+        optimum export's fused rebuild is kept (``fused_exports``; default ``$EDGE_RUNTIME_CACHE``)."""
         from edge_runtime.generation.batcher import ContinuousBatcher
         from edge_runtime.generation.chat import ChatTokenizer
         from edge_runtime.generation.engine import DecoderEngine
-        from edge_runtime.generation.folder import read_folder
+        from edge_runtime.generation.fused_exports import text_decoder
         from edge_runtime.generation.prefix_cache import PrefixCache
 
         from edge_runtime.generation.folder import is_genai_folder
@@ -182,7 +183,7 @@ class GenerativeModel:
                 self.vlm, self.folder, self.engine = parts.folder, parts.folder.decoder, parts.engine
                 self.prompter = parts.prompter
             else:
-                self.folder = own or read_folder(self.path)
+                self.folder = own or text_decoder(self.path, self.settings, cache_dir)
                 self.engine = DecoderEngine(self.folder, threads=threads, max_batch=self.settings.max_batch_size,
                                             flush_denormals=self.settings.flush_denormals,
                                             max_len=kv_positions(self.folder, self.settings))
@@ -451,9 +452,9 @@ def _offered(structured: Any) -> list[Any] | None:
 
 def load_generative(path: Path, name: str | None = None, settings: GenerationSettings | None = None,
                     threads: int = 1, *, vision: "VisionSettings | None" = None,
-                    vision_loader: "VisionLoader | None" = None) -> GenerativeModel:
+                    vision_loader: "VisionLoader | None" = None, cache_dir: Path | None = None) -> GenerativeModel:
     """Load a generative folder (``optimum`` layout, a vision-language model in the transformers.js
     layout, or onnxruntime-genai's with the ``genai`` extra); raises ModelLoadError saying what is wrong."""
     path = Path(path)
     return GenerativeModel(name or path.name, path, settings, threads=threads, vision=vision,
-                           vision_loader=vision_loader)
+                           vision_loader=vision_loader, cache_dir=cache_dir)

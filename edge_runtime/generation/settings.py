@@ -18,6 +18,8 @@
     threads = 0                   # ONNX Runtime intra-op threads; 0 = the runtime's
     flush_denormals = true        # decode and prefill with subnormal floats flushed to zero (x86-64:
                                   # 1.75-1.91x a decode step at 1,024 tokens of context on an Intel Xeon)
+    fuse_exports = true           # rebuild an optimum Qwen2/Llama export as the fused graph at its first
+                                  # load (checked against its logits, cached): GroupQueryAttention, KV in place
     tool_parser = ""              # tool-call format: "hermes" (Qwen2.5 <tool_call>) or "json";
                                   # "" = hermes when the chat template mentions <tool_call>, else json
 """
@@ -61,6 +63,9 @@ class GenerationSettings:
     # cache) when its graph fits (folder.read_genai_decoder), else onnxruntime-genai; "onnxruntime-genai"
     # always hands it to onnxruntime-genai (the genai extra).
     genai_runtime: str = "engine"
+    # An optimum / onnx-community Qwen2 or Llama export is rebuilt as our fused graph at its first load
+    # (``generation.fused_exports``: checked against the export's logits, cached); false serves it as exported.
+    fuse_exports: bool = True
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "max_seq_len", "prefill_chunk_tokens", "prefix_block_tokens"):

@@ -168,18 +168,23 @@ def _candidates(mode: str, kernel: str, accuracy_level: int | str,
 
 def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                      accuracy_level: int | str = DEFAULT_ACCURACY_LEVEL, kernel: str = "auto", threads: int = 1,
-                     int8: Int8Settings | None = None, text: str | None = None) -> DecoderQuantizeResult:
+                     int8: Int8Settings | None = None, text: str | None = None,
+                     cache_dir: Path | None = None) -> DecoderQuantizeResult:
     """Write ``folder`` with int4/int8 weight-only MatMuls to ``out`` (see the module docstring).
 
     ``kernel``: ``matmulnbits``, ``matmulinteger`` (int8 only: ``per_token_int8``) or ``auto``;
     ``accuracy_level``: MatMulNBits' 0..4, or ``"auto"``. What is not given is timed here (decode
     steps of one and eight rows on ``threads`` intra-op threads) and the fastest kept. ``int8``: the
     integer types for this CPU (default: ``host_int8_settings()``); ``text``: the calibration text of the
-    precision check (default: ``decoder_drift.DEFAULT_TEXT``). Raises InvalidInputError (unknown
+    precision check (default: ``decoder_drift.DEFAULT_TEXT``). An ``optimum`` export is quantized as
+    the engine would run it: rebuilt as the fused graph where it can be (``generation.fused_exports``,
+    kept in ``cache_dir``, default the runtime's), so the folder written is the fused graph quantized.
+    Raises InvalidInputError (unknown
     mode or kernel, bad block size or accuracy level, ``out`` the same folder as ``folder``) and
     ModelLoadError (not a decoder folder, or onnxruntime's quantizer refused the graph, with its message).
     """
-    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import text_decoder
+    from edge_runtime.generation.settings import GenerationSettings
 
     if mode not in DECODER_MODES:
         raise InvalidInputError(f"quantize: a decoder folder takes --mode {' or '.join(DECODER_MODES)} "
@@ -188,9 +193,10 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
     int8 = host_int8_settings() if int8 is None else int8
     candidates, timed = _candidates(mode, kernel, accuracy_level, int8)
     folder, out = Path(folder), Path(out)
-    description = read_folder(folder)  # a ModelLoadError naming what is missing when it is not a decoder
     if out.resolve() == folder.resolve():
         raise InvalidInputError(f"quantize: --out must be a new folder, not the source folder {folder}")
+    # a ModelLoadError naming what is missing when it is not a decoder
+    description = text_decoder(folder, GenerationSettings(), cache_dir)
     bits = DECODER_MODES[mode]
     models: dict[str, Any] = {}
     total = 0

@@ -142,7 +142,7 @@ def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, c
                               block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
                               accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level,
                               kernel=kernel, text=text, int8=runtime_int8_settings(runtime),
-                              threads=runtime.threads)
+                              threads=runtime.threads, cache_dir=runtime.config.cache_dir)
     drift = decoder_drift(folder, out, text, window=window, threads=runtime.threads)
     speed = compare_decode_speed(runtime, folder, out, prompt=prompt, new_tokens=new_tokens, rounds=rounds)
     return DecoderConversionReport(result, text_from, drift, speed)

@@ -158,15 +158,18 @@ def _nothing() -> None:
     return None
 
 
-def planned_charge(name: str, folder: Path, config: "ModelConfig", footprint_factor: float) -> dict[str, int]:
-    """The budget parts (``weights``, ``kv_cache``, ``prefix_cache``) loading ``folder`` will take."""
+def planned_charge(name: str, folder: Path, config: "ModelConfig", footprint_factor: float,
+                   cache_dir: Path | None = None) -> dict[str, int]:
+    """The budget parts (``weights``, ``kv_cache``, ``prefix_cache``) loading ``folder`` will take
+    (``cache_dir``: the runtime's, where an optimum export's fused rebuild is kept)."""
     from edge_runtime.generation.footprint import planned_footprint
 
     from edge_runtime.generation.vision.settings import vision_settings
 
     where = f"model {name!r} config"
     settings = generation_settings(config.extra, where)
-    return planned_footprint(folder, settings, footprint_factor, vision_settings(config.extra, where)).parts()
+    return planned_footprint(folder, settings, footprint_factor, vision_settings(config.extra, where),
+                             cache_dir).parts()
 
 
 def generative_version(name: str, version: int, folder: Path, config: "ModelConfig", serving: "ServingConfig",
@@ -191,7 +194,7 @@ def generative_version(name: str, version: int, folder: Path, config: "ModelConf
 
     vision = vision_settings(config.extra, where)
     model = load_generative(folder, name, settings, threads=runtime.threads, vision=vision,
-                            vision_loader=runtime.load_vision_encoder)
+                            vision_loader=runtime.load_vision_encoder, cache_dir=runtime.config.cache_dir)
     router = None
     try:
         extras = VersionExtras(warm_up_generative(model, warmup), None)  # before it serves: ready means warm

@@ -299,7 +299,7 @@ class ModelRepository:
             if is_generative_folder(directory):
                 from edge_runtime.serving.generation_serving import planned_charge
 
-                planned[version] = planned_charge(name, directory, config, factor)
+                planned[version] = planned_charge(name, directory, config, factor, self.runtime.config.cache_dir)
             else:
                 planned[version] = {"weights": footprint_bytes([model_file(directory)], factor)}
         parts = _sum_parts(planned.values())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from generation_fixtures import SPECS, make_model, models_root
+from generation_fixtures import SPECS, make_model, models_root, unfused_variant
 from hf_decoders import hf_folder, optimum_folder
 
 @pytest.fixture(scope="session", params=sorted(SPECS))
@@ -45,15 +45,14 @@ def fused_folder(arch: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
                                   fused=True)
 
 
-@pytest.fixture(scope="session", params=["optimum", "fused"])
+@pytest.fixture(scope="session", params=["unfused", "optimum"])
 def batching_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Qwen2-style model as the optimum export (ping-pong KV) and as our fused graph (KV in place)."""
+    """The Qwen2-style optimum export served as exported (ping-pong KV) and as it loads by default:
+    rebuilt as our fused graph (``fused_exports``: GroupQueryAttention, KV in place)."""
+    export = optimum_folder(SPECS["qwen2"], models_root())
     if request.param == "optimum":
-        return optimum_folder(SPECS["qwen2"], models_root())
-    from edge_runtime.decoder_zoo import decoder_folder_from_hf
-
-    return decoder_folder_from_hf(hf_folder(SPECS["qwen2"], models_root()), tmp_path_factory.mktemp("fused-qwen2"),
-                                  fused=True)
+        return export
+    return unfused_variant(export, tmp_path_factory.mktemp("unfused") / "qwen2")
 
 
 @pytest.fixture

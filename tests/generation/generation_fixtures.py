@@ -28,11 +28,27 @@ def models_root() -> Path:
     return root
 
 
+# Settings a fixture gives every model made from one of its folders (a variant of a folder, e.g. the
+# optimum export served as exported); make_model's own settings override them.
+FOLDER_SETTINGS: dict[Path, dict[str, Any]] = {}
+
+
 def make_model(folder: Path, **settings):
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
 
+    settings = {**FOLDER_SETTINGS.get(Path(folder), {}), **settings}
     return GenerativeModel(folder.name, folder, GenerationSettings(**settings), threads=1)
+
+
+def unfused_variant(export: Path, where: Path) -> Path:
+    """``export``'s files linked into ``where``, a folder whose models serve the export as exported
+    (``fuse_exports`` off: the unfused graph's ping-pong KV), through ``make_model``."""
+    where.mkdir(parents=True, exist_ok=True)
+    for item in export.iterdir():
+        (where / item.name).symlink_to(item)
+    FOLDER_SETTINGS[where] = {"fuse_exports": False}
+    return where
 
 
 def oracle_greedy(folder: Path, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:

@@ -1,0 +1,201 @@
+"""An ``optimum`` decoder export rebuilt as ``decoder_fused``'s graph from its own weights.
+
+The folders users have for small LLMs (``optimum`` / onnx-community ``model.onnx``,
+``text-generation-with-past``) spell attention out in ~45 nodes a layer, concatenate the
+whole past into a new ``present`` every step and compute every position's logits.
+``fused_from_export`` reads the weights back out of such a graph — by the names the
+exporter gives them — and writes them into our builder's graph (GroupQueryAttention with
+rotary inside, packed QKV, SkipSimplifiedLayerNormalization, last-position logits), with the
+same inputs and outputs.
+
+Why read the weights rather than pattern-match the attention subgraph: the attention is
+spelled differently by every transformers version and attention implementation (eager,
+sdpa, mask helpers), while the parameters are not: norms, biases and embeddings keep their
+Hugging Face names as initializers, and each linear layer is one ``MatMul`` named after
+its module (``/model/layers.3/self_attn/q_proj/MatMul``, TorchScript's scope names) whose
+weight is the transposed parameter, or ``Transpose(parameter)`` for a tied head. What is
+not recognised raises ``NotFusable`` with the reason; ``same_logits`` is the check that
+the rebuilt graph computes what the export computes (``generation.fused_exports`` runs it
+before using one).
+
+Only what ``decoder_zoo`` builds is rebuilt: Qwen2 and Llama (SiLU MLP, RMSNorm, plain
+rotary without scaling, head_dim = hidden / heads), float32 weights. Quantized or fp16
+exports, rope scaling (Llama 3), sliding windows and other families keep the export.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+FAMILIES = ("qwen2", "llama")
+
+
+class NotFusable(Exception):
+    """This export cannot be rebuilt as the fused graph; the message says why (one line)."""
+
+
+def export_shape(config: dict[str, Any]) -> Any:
+    """``decoder_zoo.DecoderShape`` of a Qwen2/Llama ``config.json``; NotFusable for what the builder lacks."""
+    from edge_runtime.decoder_fused import unfusable
+    from edge_runtime.decoder_zoo import DecoderShape
+
+    family = config.get("model_type")
+    if family not in FAMILIES:
+        raise NotFusable(f"model_type {family!r} is not one of {', '.join(FAMILIES)}")
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        raise NotFusable(f"rope_scaling {scaling} (the fused graph has plain rotary only)")
+    if config.get("hidden_act", "silu") != "silu":
+        raise NotFusable(f"hidden_act {config.get('hidden_act')!r} is not silu")
+    if config.get("use_sliding_window"):
+        raise NotFusable("use_sliding_window is on (the fused graph attends to the whole context)")
+    if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise NotFusable(f"partial_rotary_factor {config['partial_rotary_factor']} (rotary over every channel only)")
+    try:
+        heads = int(config["num_attention_heads"])
+        shape = DecoderShape(hidden=int(config["hidden_size"]), layers=int(config["num_hidden_layers"]), heads=heads,
+                             kv_heads=int(config.get("num_key_value_heads") or heads),
+                             intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                             max_positions=int(config["max_position_embeddings"]),
+                             rope_theta=float(config.get("rope_theta", 10000.0)),
+                             rms_eps=float(config.get("rms_norm_eps", 1e-6)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise NotFusable(f"config.json lacks or garbles {exc}") from None
+    if config.get("head_dim") not in (None, shape.head_dim):
+        raise NotFusable(f"head_dim {config['head_dim']} is not hidden_size / num_attention_heads = {shape.head_dim}")
+    reason = unfusable(shape)
+    if reason is not None:
+        raise NotFusable(reason)
+    return shape
+
+
+class _Weights:
+    """The export's parameters by Hugging Face name (see the module docstring for how they are found)."""
+
+    def __init__(self, proto: Any) -> None:
+        self.initializers = {t.name: t for t in proto.graph.initializer}
+        self.nodes = {n.name: n for n in proto.graph.node}
+        self.transposed = {n.output[0]: n.input[0] for n in proto.graph.node  # Transpose(parameter) -> parameter
+                           if n.op_type == "Transpose" and n.input[0] in self.initializers
+                           and [list(a.ints) for a in n.attribute if a.name == "perm"] in ([], [[1, 0]])}
+
+    def array(self, name: str) -> np.ndarray:
+        from onnx import TensorProto, numpy_helper
+
+        tensor = self.initializers[name]
+        if tensor.data_type != TensorProto.FLOAT:
+            raise NotFusable(f"{name} is {TensorProto.DataType.Name(tensor.data_type)}, not float32 "
+                             "(the rebuild takes float32 exports)")
+        return numpy_helper.to_array(tensor)
+
+    def named(self, name: str) -> np.ndarray:
+        if name not in self.initializers:
+            raise NotFusable(f"no initializer {name!r}")
+        return self.array(name)
+
+    def linear(self, module: str) -> np.ndarray:
+        """The ``[out, in]`` weight of the linear layer ``module`` (``model.layers.0.self_attn.q_proj``)."""
+        path = "/" + module.replace("model.layers.", "model/layers.").replace(".self_attn.", "/self_attn/") \
+            .replace(".mlp.", "/mlp/")
+        node = self.nodes.get(f"{path}/MatMul")
+        if node is None:
+            kinds = sorted({n.op_type for key, n in self.nodes.items() if key.startswith(path + "/")})
+            raise NotFusable(f"no MatMul node {path}/MatMul" + (f" (its nodes: {', '.join(kinds)}: quantized?)"
+                                                                 if kinds else ""))
+        weight = node.input[1]
+        if weight in self.initializers:
+            return np.ascontiguousarray(self.array(weight).T)
+        if weight in self.transposed:
+            return self.array(self.transposed[weight])
+        raise NotFusable(f"{path}/MatMul's weight {weight!r} is not a constant")
+
+    def bias(self, module: str) -> np.ndarray | None:
+        name = module + ".bias"
+        return self.array(name) if name in self.initializers else None
+
+
+def export_weights(proto: Any, shape: Any, tied: bool) -> dict[str, np.ndarray]:
+    """Hugging Face-named float32 weights of the export ``proto`` (external data loaded); NotFusable
+    naming the first parameter that is missing, not float32 or not of the shape ``shape`` says."""
+    found = _Weights(proto)
+    kv = shape.kv_heads * shape.head_dim
+    expected = {"model.embed_tokens.weight": (shape.vocab, shape.hidden), "model.norm.weight": (shape.hidden,)}
+    for n in range(shape.layers):
+        p = f"model.layers.{n}."
+        expected.update({p + "input_layernorm.weight": (shape.hidden,),
+                         p + "post_attention_layernorm.weight": (shape.hidden,),
+                         p + "self_attn.q_proj.weight": (shape.heads * shape.head_dim, shape.hidden),
+                         p + "self_attn.k_proj.weight": (kv, shape.hidden),
+                         p + "self_attn.v_proj.weight": (kv, shape.hidden),
+                         p + "self_attn.o_proj.weight": (shape.hidden, shape.heads * shape.head_dim),
+                         p + "mlp.gate_proj.weight": (shape.intermediate, shape.hidden),
+                         p + "mlp.up_proj.weight": (shape.intermediate, shape.hidden),
+                         p + "mlp.down_proj.weight": (shape.hidden, shape.intermediate)})
+    if not tied:
+        expected["lm_head.weight"] = (shape.vocab, shape.hidden)
+    weights: dict[str, np.ndarray] = {}
+    for name, dims in expected.items():
+        module = name[: -len(".weight")]
+        value = found.linear(module) if module.endswith("_proj") or module == "lm_head" else found.named(name)
+        if value.shape != dims:
+            raise NotFusable(f"{name} is {list(value.shape)}, config.json implies {list(dims)}")
+        weights[name] = value
+        if module.endswith("_proj"):
+            bias = found.bias(module)
+            if bias is not None:
+                weights[module + ".bias"] = bias
+    return weights
+
+
+def fused_from_export(proto: Any, config: dict[str, Any]) -> Any:
+    """``decoder_fused``'s graph with the weights of the export ``proto``; NotFusable says why not."""
+    from edge_runtime.decoder_fused import build_fused_decoder
+
+    shape = export_shape(config)
+    found = {n.op_type for n in proto.graph.node}
+    if "GroupQueryAttention" in found:
+        raise NotFusable("the graph already attends with GroupQueryAttention")
+    weights = export_weights(proto, shape, bool(config.get("tie_word_embeddings", False)))
+    try:
+        return build_fused_decoder(shape, weights)
+    except ValueError as exc:  # q/k/v biases on some projections only
+        raise NotFusable(str(exc)) from None
+
+
+def same_logits(export_path: str, fused_path: str, vocab: int, *, tokens: int = 12, rtol: float = 1e-3) -> float:
+    """Run both graphs on one prompt of ``tokens`` tokens and one decode step after it (the export's
+    greedy token, each graph's own ``present``); return the largest logit difference over the
+    export's largest logit, NotFusable when it exceeds ``rtol``."""
+    import onnxruntime as ort
+
+    prompt = np.random.default_rng(0).integers(0, vocab, (1, tokens), dtype=np.int64)
+    runs, token = [], 0
+    for path in (export_path, fused_path):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.log_severity_level = 3  # the fused graph's logits_to_keep initializer warns at every load
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        feeds: dict[str, np.ndarray] = {"input_ids": prompt, "attention_mask": np.ones_like(prompt),
+                                        "position_ids": np.arange(tokens, dtype=np.int64)[None]}
+        for item in past:
+            dims = [d if isinstance(d, int) else (1 if i == 0 else 0) for i, d in enumerate(item.shape)]
+            feeds[item.name] = np.zeros(dims, np.float32)
+        names = ["logits"] + [i.name.replace("past_key_values.", "present.") for i in past]
+        outputs = session.run(names, feeds)
+        first = outputs[0][0, -1]
+        token = token if runs else int(np.argmax(first))
+        step = {"input_ids": np.array([[token]], np.int64),
+                "attention_mask": np.ones((1, tokens + 1), np.int64),
+                "position_ids": np.array([[tokens]], np.int64)}
+        step.update({item.name: present for item, present in zip(past, outputs[1:])})
+        runs.append((first, session.run(["logits"], step)[0][0, -1]))
+        del session
+    scale = max(1.0, float(np.abs(runs[0][0]).max()))
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(runs[0], runs[1])) / scale
+    if worst > rtol:
+        raise NotFusable(f"the rebuilt graph's logits differ from the export's by {worst:.2e} of the largest "
+                         f"(allowed {rtol:.0e})")
+    return worst

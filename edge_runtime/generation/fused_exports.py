@@ -1,0 +1,112 @@
+"""An ``optimum`` text decoder export served as our fused graph: rebuilt once, checked, cached.
+
+``[generation] fuse_exports = true`` (the default): loading a folder whose ``model.onnx`` is an
+``optimum`` / onnx-community export of a Qwen2 or Llama decoder rebuilds it with
+``decoder_from_export`` (GroupQueryAttention, KV appended in place, last-position prefill
+logits), checks that the rebuilt graph's logits equal the export's (``same_logits``: a prompt and
+a decode step) and keeps it in the cache (``<cache>/fused-exports/<key>/``), keyed by the export's
+files (path, size, modification time), its ``config.json`` and the rebuild's version, so later
+loads reuse it. An export that cannot be rebuilt (``NotFusable``: another family, quantized
+or fp16 weights, rope scaling, logits that differ) is served as it is, and the reason is logged
+once and kept beside the key so the check is not repeated at every load.
+
+The folder stays the user's: tokenizer, chat template and generation config are read from it;
+only the graph the engine runs changes. The memory budget charges the export's files (the same
+weights; ``footprint.planned_footprint`` follows this module's rule, so planned equals loaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from edge_runtime.generation.folder import MODEL_FILE, DecoderFolder, describe_decoder, read_folder, read_json
+from edge_runtime.generation.settings import GenerationSettings
+
+log = logging.getLogger(__name__)
+
+CACHE_SUBDIR = "fused-exports"
+VERSION = 1  # of the rebuild: a change to decoder_fused/decoder_from_export that alters the graph bumps it
+DONE, REFUSED = "fused.json", "refused.json"
+
+
+def text_decoder(path: Path, settings: GenerationSettings, cache_dir: Path | None = None) -> DecoderFolder:
+    """The description of the text decoder folder ``path`` the engine runs under ``settings`` (the one rule
+    ``GenerativeModel`` and the memory budget's footprint both follow); ``cache_dir`` default: the
+    runtime's (``$EDGE_RUNTIME_CACHE``)."""
+    from edge_runtime.config import default_cache_dir
+
+    folder, why = fused_export(read_folder(path), settings.fuse_exports, cache_dir or default_cache_dir())
+    log.info("%s: %s", path, why)
+    return folder
+
+
+def export_key(folder: DecoderFolder) -> str:
+    """The cache key of ``folder``'s export: its graph files' paths, sizes and times, its config, VERSION."""
+    digest = hashlib.sha256(f"v{VERSION}".encode())
+    for path in folder.weight_files:
+        stat = path.stat()
+        digest.update(f"\0{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    config = folder.path / "config.json"
+    digest.update(config.read_bytes() if config.is_file() else b"")
+    return digest.hexdigest()[:20]
+
+
+def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple[DecoderFolder, str]:
+    """The description the engine should run for ``folder``: the cached fused rebuild of its export
+    (made now when missing), or ``folder`` itself; and why (one line, for the load log)."""
+    if not enabled:
+        return folder, "[generation] fuse_exports is off"
+    if folder.kv_in_place:
+        return folder, "its graph is already fused (GroupQueryAttention)"
+    if folder.model_path.name != MODEL_FILE or folder.model_path.parent != folder.path:
+        return folder, f"{folder.model_path.name} is not an optimum export's {MODEL_FILE}"
+    target = Path(cache_dir) / CACHE_SUBDIR / export_key(folder)
+    if not (target / DONE).is_file() and not (target / REFUSED).is_file():
+        _rebuild(folder, target)
+    if (target / REFUSED).is_file():
+        return folder, read_json(target / REFUSED).get("reason", "refused")
+    fused = describe_decoder(folder.path, target / MODEL_FILE, read_json(folder.path / "config.json"),
+                             read_json(folder.path / "generation_config.json"))
+    record = read_json(target / DONE)
+    return (dataclasses.replace(fused, weight_files=folder.weight_files),
+            f"rebuilt as the fused graph ({target}; logits within {record.get('logit_difference', 0):.1e} of the "
+            "export's)")
+
+
+def _rebuild(folder: DecoderFolder, target: Path) -> None:
+    """Write the rebuild (or the reason there is none) to ``target``, atomically: a build goes to a
+    temporary folder beside it and is renamed; a concurrent load that got there first wins."""
+    import onnx
+
+    from edge_runtime.decoder_from_export import NotFusable, fused_from_export, same_logits
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        config = read_json(folder.path / "config.json")
+        try:
+            fused = fused_from_export(onnx.load(str(folder.model_path)), config)
+            onnx.save(fused, str(work / MODEL_FILE), save_as_external_data=True, location=MODEL_FILE + ".data")
+            del fused
+            difference = same_logits(str(folder.model_path), str(work / MODEL_FILE), folder.vocab_size)
+        except NotFusable as exc:
+            for stale in work.iterdir():
+                stale.unlink()
+            (work / REFUSED).write_text(json.dumps({"reason": f"served as exported, not rebuilt as the fused "
+                                                              f"graph: {exc}"}))
+        else:
+            (work / DONE).write_text(json.dumps({"source": str(folder.model_path), "version": VERSION,
+                                                 "logit_difference": difference}))
+        try:
+            os.replace(work, target)
+        except OSError:  # another load finished first: use its result
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,232 @@
+"""An optimum export rebuilt as the fused graph at load (``generation.fused_exports``, ``decoder_from_export``).
+
+Oracles: the export itself (its no-cache recompute and its logits, run by ONNX Runtime unchanged)
+and the export served as exported (``fuse_exports`` off).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from generation_fixtures import oracle_greedy
+
+MESSAGES = [{"role": "system", "content": "You are a phone agent."},
+            {"role": "user", "content": "open the settings menu then scroll down"}]
+
+
+def _model(folder: Path, cache: Path, **settings):
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+
+    return GenerativeModel(folder.name, folder, GenerationSettings(**settings), threads=1, cache_dir=cache)
+
+
+def _copy(export: Path, where: Path) -> Path:
+    shutil.copytree(export, where)
+    return where
+
+
+def test_an_export_runs_as_the_fused_graph_with_the_exports_tokens(onnx_folder: Path, tmp_path: Path) -> None:
+    from edge_runtime.generation.fused_exports import CACHE_SUBDIR
+
+    model = _model(onnx_folder, tmp_path, max_batch_size=3, prefill_chunk_tokens=5, idle_prefill_chunk_tokens=0)
+    plain = _model(onnx_folder, tmp_path, max_batch_size=3, fuse_exports=False)
+    try:
+        assert model.folder.kv_in_place and model.folder.keeps_logits and not plain.folder.kv_in_place
+        assert model.folder.model_path.is_relative_to(tmp_path / CACHE_SUBDIR)
+        assert model.folder.path == onnx_folder and model.folder.weight_files == plain.folder.weight_files
+        assert model.kv_cache_bytes * 2 == plain.kv_cache_bytes  # one buffer per layer tensor, appended in place
+        eos = set(model.folder.eos_token_ids)
+        prompts = [model.prepare(messages=MESSAGES).ids, model.prepare(messages=MESSAGES[1:]).ids, [7, 8, 9]]
+        expected = [oracle_greedy(onnx_folder, ids, 20, eos) for ids in prompts]  # the export, no cache
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # three rows of one continuous batch
+            together = list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=20).token_ids), prompts))
+        assert together == expected
+        assert [list(plain.generate(prompt=ids, max_tokens=20).token_ids) for ids in prompts] == expected
+    finally:
+        model.close()
+        plain.close()
+
+
+def test_the_rebuilt_graph_computes_the_exports_logits(onnx_folder: Path, tmp_path: Path) -> None:
+    """Through a chunked prefill and decode steps, every position's logits, against the export's."""
+    import onnxruntime as ort
+
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import fused_export
+
+    export = read_folder(onnx_folder)
+    fused, why = fused_export(export, True, tmp_path)
+    assert fused.model_path != export.model_path, why
+    sessions = [ort.InferenceSession(str(d.model_path), providers=["CPUExecutionProvider"]) for d in (export, fused)]
+    ids = np.random.default_rng(5).integers(0, export.vocab_size, 19)
+    results = []
+    for session in sessions:
+        past = {i.name: np.zeros((1, export.kv.kv_heads, 0, export.kv.head_dim), np.float32)
+                for i in session.get_inputs() if i.name.startswith("past_key_values.")}
+        logits, start = [], 0
+        for chunk in (6, 7, 1, 1, 1, 1, 1, 1):  # two prefill chunks, then one token at a time
+            piece = ids[start:start + chunk][None]
+            feeds = {"input_ids": piece, "attention_mask": np.ones((1, start + chunk), np.int64),
+                     "position_ids": np.arange(start, start + chunk)[None], **past}
+            outputs = session.run(None, feeds)
+            names = [o.name for o in session.get_outputs()]
+            logits.append(outputs[names.index("logits")][0])
+            past = {n.replace("present.", "past_key_values."): v for n, v in zip(names, outputs) if n != "logits"}
+            start += chunk
+        results.append(np.concatenate(logits))
+    scale = np.abs(results[0]).max()
+    np.testing.assert_allclose(results[1], results[0], atol=1e-4 * scale, rtol=0)
+
+
+def test_the_rebuild_is_cached_and_follows_the_export(onnx_folder: Path, tmp_path: Path, monkeypatch) -> None:
+    import edge_runtime.decoder_from_export as rebuild
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import DONE, fused_export
+
+    folder = _copy(onnx_folder, tmp_path / "export")
+    first, _ = fused_export(read_folder(folder), True, tmp_path / "cache")
+    assert json.loads((first.model_path.parent / DONE).read_text())["logit_difference"] < 1e-3
+
+    def refuse(*_):
+        raise AssertionError("rebuilt again")
+
+    monkeypatch.setattr(rebuild, "fused_from_export", refuse)
+    again, why = fused_export(read_folder(folder), True, tmp_path / "cache")
+    assert again.model_path == first.model_path, why
+    # a changed export (its config here) gets its own rebuild
+    monkeypatch.undo()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    changed, _ = fused_export(read_folder(folder), True, tmp_path / "cache")
+    assert changed.model_path != first.model_path and changed.kv_in_place
+
+
+def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_folder: Path, tmp_path: Path) -> None:
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import fused_export
+
+    cases = {}
+    scaled = _copy(onnx_folder, tmp_path / "scaled")
+    config = json.loads((scaled / "config.json").read_text())
+    (scaled / "config.json").write_text(json.dumps({**config, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128}}))
+    cases[scaled] = "rope_scaling"
+    other = _copy(onnx_folder, tmp_path / "other")
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "phi3"}))
+    cases[other] = "model_type 'phi3'"
+    for folder, reason in cases.items():
+        export = read_folder(folder)
+        served, why = fused_export(export, True, tmp_path / "cache")
+        assert served == export and reason in why
+        assert fused_export(export, True, tmp_path / "cache") == (served, why)  # the refusal is kept
+    export = read_folder(onnx_folder)
+    assert fused_export(export, False, tmp_path / "cache") == (export, "[generation] fuse_exports is off")
+
+
+def test_a_quantized_export_is_served_as_exported(onnx_folder: Path, tmp_path: Path) -> None:
+    import onnx
+
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import fused_export
+    from edge_runtime.optimize.decoder_quant import matmul_nbits
+
+    folder = _copy(onnx_folder, tmp_path / "q4")
+    onnx.save(matmul_nbits(onnx.load(str(folder / "model.onnx")), 4, 32, 4), str(folder / "model.onnx"))
+    export = read_folder(folder)
+    served, why = fused_export(export, True, tmp_path / "cache")
+    assert served == export and "MatMulNBits" in why and "quantized" in why
+
+
+def test_the_logit_check_refuses_a_rebuild_that_misread_the_export(qwen_folder: Path, tmp_path: Path) -> None:
+    """Biases the exporter named otherwise are not found by name: the rebuilt graph then lacks them, and
+    the logit check (not the name reading) is what keeps the export."""
+    import onnx
+
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import fused_export
+
+    folder = _copy(qwen_folder, tmp_path / "renamed")
+    proto = onnx.load(str(folder / "model.onnx"))
+    renamed = {}
+    for tensor in proto.graph.initializer:
+        if tensor.name.startswith("model.layers.0.self_attn.") and tensor.name.endswith("_proj.bias"):
+            renamed[tensor.name] = tensor.name.replace("model.layers.0.", "exporter_")
+            tensor.name = renamed[tensor.name]
+    assert len(renamed) == 3  # Qwen2's q, k and v biases
+    for node in proto.graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    onnx.save(proto, str(folder / "model.onnx"))
+    export = read_folder(folder)
+    served, why = fused_export(export, True, tmp_path / "cache")
+    assert served == export and "logits differ" in why
+
+
+def test_the_budget_plans_what_the_load_takes(onnx_folder: Path, tmp_path: Path) -> None:
+    from edge_runtime.generation.footprint import loaded_footprint, planned_footprint
+    from edge_runtime.generation.settings import GenerationSettings
+
+    settings = GenerationSettings(max_batch_size=2, max_seq_len=128)
+    planned = planned_footprint(onnx_folder, settings, 1.0, cache_dir=tmp_path)  # rebuilds into the cache
+    model = _model(onnx_folder, tmp_path, max_batch_size=2, max_seq_len=128)
+    try:
+        assert model.folder.kv_in_place
+        assert planned == loaded_footprint(model, 1.0)
+    finally:
+        model.close()
+
+
+def test_the_default_runtime_serves_an_export_fused(onnx_folder: Path, tmp_path: Path) -> None:
+    """The default configuration (``Runtime()``, its cache) loads an export as the fused graph."""
+    from edge_runtime.config import RuntimeConfig
+    from edge_runtime.runtime import Runtime
+
+    runtime = Runtime(RuntimeConfig(cache_dir=tmp_path))
+    model = runtime.load_generative(onnx_folder)
+    try:
+        assert model.folder.kv_in_place and model.folder.model_path.is_relative_to(tmp_path)
+        ids = model.prepare(messages=MESSAGES).ids
+        assert list(model.generate(prompt=ids, max_tokens=12).token_ids) == oracle_greedy(
+            onnx_folder, ids, 12, set(model.folder.eos_token_ids))
+    finally:
+        model.close()
+        runtime.close()
+
+
+def test_quantizing_an_export_quantizes_its_fused_rebuild(qwen_folder: Path, tmp_path: Path) -> None:
+    """``quantize`` on an export writes the fused graph quantized: the same graph, bit for bit in its
+    logits, as quantizing our builder's graph of the checkpoint the export came from."""
+    import onnx
+    import onnxruntime as ort
+
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.optimize.decoder_quant import quantize_decoder
+    from generation_fixtures import SPECS, models_root
+    from hf_decoders import hf_folder
+
+    built = decoder_folder_from_hf(hf_folder(SPECS["qwen2"], models_root()), tmp_path / "built")
+    outs = []
+    for source, name in ((qwen_folder, "from-export"), (built, "from-checkpoint")):
+        quantize_decoder(source, tmp_path / name, "int4", kernel="matmulnbits", accuracy_level=4,
+                         cache_dir=tmp_path / "cache")
+        outs.append(tmp_path / name)
+    ops = {n.op_type for n in onnx.load(str(outs[0] / "model.onnx")).graph.node}
+    assert {"GroupQueryAttention", "MatMulNBits"} <= ops and read_folder(outs[0]).kv_in_place
+    ids = np.arange(3, 40)[None]
+    logits = []
+    for out in outs:
+        d = read_folder(out)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(ids.shape[1])[None]}
+        feeds.update({f"past_key_values.{i}.{k}": np.zeros((1, d.kv.kv_heads, 0, d.kv.head_dim), np.float32)
+                      for i in range(d.kv.layers) for k in ("key", "value")})
+        logits.append(ort.InferenceSession(str(d.model_path), providers=["CPUExecutionProvider"])
+                      .run(["logits"], feeds)[0])
+    np.testing.assert_array_equal(logits[0], logits[1])
