@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from generation_fixtures import oracle_greedy
 
