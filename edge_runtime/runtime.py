@@ -252,7 +252,7 @@ class Runtime:
         folder = Path(folder)
         if not is_generative_folder(folder):
             raise ModelNotFoundError(f"{folder} is not a generative model folder: expected tokenizer.json with "
-                                     "model.onnx + config.json (optimum), onnx/decoder_model_merged.onnx + "
+                                     "model.onnx or onnx/model*.onnx + config.json (optimum, onnx-community), onnx/decoder_model_merged.onnx + "
                                      "embed_tokens + vision_encoder (a vision-language model) or genai_config.json")
         return load_generative(folder, name, settings, threads=self.threads, vision=vision,
                                vision_loader=self.load_vision_encoder, cache_dir=self.config.cache_dir)

@@ -26,7 +26,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# precision (``vision.settings.SUFFIXES`` key) -> the decoder's MatMulNBits bits
+# precision (``generation.folder.SUFFIXES`` key) -> the decoder's MatMulNBits bits
 DECODER_BITS = {"q4": 4, "int8": 8}
 # No real linear layer has this few inputs; the position-to-angle products do (2 or 3 rows).
 _MIN_LINEAR_INPUTS = 16

@@ -3,9 +3,13 @@
 An ``optimum`` export of a decoder with past key values holds ``model.onnx``
 (``input_ids``, ``attention_mask``, optional ``position_ids``,
 ``past_key_values.N.key/value``; outputs ``logits``, ``present.N.key/value``),
-``config.json``, ``generation_config.json`` and the tokenizer files. A folder
-with ``genai_config.json`` is in onnxruntime-genai's format instead; a text decoder
-among them runs in our engine too (``read_genai_decoder``).
+``config.json``, ``generation_config.json`` and the tokenizer files. The
+onnx-community / transformers.js layout keeps the same graph, in several precisions,
+under ``onnx/`` (``model.onnx``, ``model_q4.onnx``, ``model_quantized.onnx``,
+``model_fp16.onnx`` ...; the suffixes of ``SUFFIXES``): ``[generation]
+precision`` picks one, by default the first present in ``PRECISION_ORDER`` (fp32 first).
+A folder with ``genai_config.json`` is in onnxruntime-genai's format instead; a text
+decoder among them runs in our engine too (``read_genai_decoder``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ import numpy as np
 from edge_runtime.errors import ModelLoadError, ModelNotFoundError
 
 MODEL_FILE = "model.onnx"
+ONNX_DIR = "onnx"  # the onnx-community layout's graphs, one file per precision
+# transformers.js' dtype -> file suffix (src/utils/dtypes.js): onnx/<stem><suffix>.onnx, for text
+# folders (model_q4.onnx) and a VLM's parts alike
+SUFFIXES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "int8": "_int8", "uint8": "_uint8", "q4": "_q4",
+            "q4f16": "_q4f16", "bnb4": "_bnb4"}
+# Without a setting: fp32 first (what the graphs were exported as), then the integer forms, which
+# ONNX Runtime's CPU kernels run fast; fp16 forms last, since on CPU they mostly run through casts.
+PRECISION_ORDER = ("fp32", "q8", "int8", "uint8", "q4", "bnb4", "fp16", "q4f16")
 GENAI_CONFIG = "genai_config.json"
 # The decoder input (an overridable initializer, default 0 = every position) naming how many trailing
 # positions get logits, transformers' ``logits_to_keep`` (``decoder_zoo`` writes it); the engine feeds 1
@@ -39,8 +51,35 @@ def is_generative_folder(folder: Path) -> bool:
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         return False
-    return (folder / GENAI_CONFIG).is_file() or ((folder / "config.json").is_file()
-                                                  and (folder / MODEL_FILE).is_file()) or is_vlm_folder(folder)
+    return (folder / GENAI_CONFIG).is_file() or ((folder / "config.json").is_file() and (
+        (folder / MODEL_FILE).is_file() or bool(text_models(folder)))) or is_vlm_folder(folder)
+
+
+def text_models(folder: Path) -> dict[str, Path]:
+    """The onnx-community layout's decoder files present under ``folder/onnx``, by precision."""
+    found = {name: Path(folder) / ONNX_DIR / f"model{suffix}.onnx" for name, suffix in SUFFIXES.items()}
+    return {name: path for name, path in found.items() if path.is_file()}
+
+
+def decoder_file(folder: Path, precision: str = "") -> Path:
+    """The decoder graph of ``folder``: ``model.onnx`` (optimum), or the ``onnx/model<suffix>.onnx`` of
+    ``precision`` ("" = the first present in ``PRECISION_ORDER``). ModelLoadError names what is there."""
+    folder = Path(folder)
+    present = text_models(folder)
+    if (folder / MODEL_FILE).is_file() and not present:
+        if precision not in ("", "fp32"):
+            raise ModelLoadError(f"{folder}: [generation] precision {precision!r} names a file of the onnx/ layout; "
+                                 f"this folder has only {MODEL_FILE}")
+        return folder / MODEL_FILE
+    if not present:
+        raise ModelLoadError(f"{folder}: no {MODEL_FILE} (an optimum text-generation-with-past export) and no "
+                             f"{ONNX_DIR}/model*.onnx")
+    if precision:
+        if precision not in present:
+            raise ModelLoadError(f"{folder}: [generation] precision {precision!r} has no {ONNX_DIR}/ file here; "
+                                 f"present: {sorted(present)}")
+        return present[precision]
+    return present[next(name for name in PRECISION_ORDER if name in present)]
 
 
 def is_genai_folder(folder: Path) -> bool:
@@ -119,15 +158,13 @@ def weight_files(model_path: Path, proto: Any) -> tuple[Path, ...]:
     return (model_path, *(model_path.parent / location for location in sorted(locations)))
 
 
-def read_folder(folder: Path) -> DecoderFolder:
-    """Describe an ``optimum`` decoder folder; ModelLoadError names what is missing or wrong."""
+def read_folder(folder: Path, precision: str = "") -> DecoderFolder:
+    """Describe an ``optimum`` decoder folder (or the onnx-community layout's file of ``precision``,
+    see ``decoder_file``); ModelLoadError names what is missing or wrong."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder not found: {folder}")
-    model_path = folder / MODEL_FILE
-    if not model_path.is_file():
-        raise ModelLoadError(f"{folder}: no {MODEL_FILE} (an optimum text-generation-with-past export)")
-    return describe_decoder(folder, model_path, read_json(folder / "config.json"),
+    return describe_decoder(folder, decoder_file(folder, precision), read_json(folder / "config.json"),
                             read_json(folder / "generation_config.json"))
 
 

@@ -42,7 +42,8 @@ def text_decoder(path: Path, settings: GenerationSettings, cache_dir: Path | Non
     runtime's (``$EDGE_RUNTIME_CACHE``)."""
     from edge_runtime.config import default_cache_dir
 
-    folder, why = fused_export(read_folder(path), settings.fuse_exports, cache_dir or default_cache_dir())
+    folder, why = fused_export(read_folder(path, settings.precision), settings.fuse_exports,
+                               cache_dir or default_cache_dir())
     log.info("%s: %s", path, why)
     return folder
 
@@ -65,8 +66,8 @@ def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple
         return folder, "[generation] fuse_exports is off"
     if folder.kv_in_place:
         return folder, "its graph is already fused (GroupQueryAttention)"
-    if folder.model_path.name != MODEL_FILE or folder.model_path.parent != folder.path:
-        return folder, f"{folder.model_path.name} is not an optimum export's {MODEL_FILE}"
+    if folder.model_path.name != MODEL_FILE:  # another precision of the onnx/ layout: quantized or fp16
+        return folder, f"{folder.model_path.name} is served as exported (only an fp32 {MODEL_FILE} is rebuilt)"
     target = Path(cache_dir) / CACHE_SUBDIR / export_key(folder)
     if not (target / DONE).is_file() and not (target / REFUSED).is_file():
         _rebuild(folder, target)

@@ -20,6 +20,8 @@
                                   # 1.75-1.91x a decode step at 1,024 tokens of context on an Intel Xeon)
     fuse_exports = true           # rebuild an optimum Qwen2/Llama export as the fused graph at its first
                                   # load (checked against its logits, cached): GroupQueryAttention, KV in place
+    precision = ""                # an onnx-community folder's onnx/model<suffix>.onnx: fp32, q8, int8,
+                                  # uint8, q4, bnb4, fp16, q4f16 ("" = the first present, fp32 first)
     tool_parser = ""              # tool-call format: "hermes" (Qwen2.5 <tool_call>) or "json";
                                   # "" = hermes when the chat template mentions <tool_call>, else json
 """
@@ -66,6 +68,9 @@ class GenerationSettings:
     # An optimum / onnx-community Qwen2 or Llama export is rebuilt as our fused graph at its first load
     # (``generation.fused_exports``: checked against the export's logits, cached); false serves it as exported.
     fuse_exports: bool = True
+    # Which ``onnx/model<suffix>.onnx`` of an onnx-community text folder to run (``folder.decoder_file``):
+    # fp32, q8, int8, uint8, q4, bnb4, fp16, q4f16; "" = the first present, fp32 first.
+    precision: str = ""
 
     def __post_init__(self) -> None:
         for key in ("max_batch_size", "max_seq_len", "prefill_chunk_tokens", "prefix_block_tokens"):
@@ -77,6 +82,10 @@ class GenerationSettings:
         if self.genai_runtime not in ("engine", "onnxruntime-genai"):
             raise ConfigError(f"[generation] genai_runtime must be 'engine' or 'onnxruntime-genai', "
                               f"got {self.genai_runtime!r}")
+        from edge_runtime.generation.folder import SUFFIXES
+
+        if self.precision not in ("", *SUFFIXES):
+            raise ConfigError(f"[generation] precision must be one of {list(SUFFIXES)}, got {self.precision!r}")
         if self.tool_parser not in ("", "hermes", "json"):
             raise ConfigError(f"[generation] tool_parser must be 'hermes' or 'json', got {self.tool_parser!r}")
 

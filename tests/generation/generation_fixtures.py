@@ -51,14 +51,15 @@ def unfused_variant(export: Path, where: Path) -> Path:
     return where
 
 
-def oracle_greedy(folder: Path, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:
-    """No-cache oracle: recompute the whole sequence each step (empty past), take the argmax."""
+def oracle_greedy(folder: Path, prompt: list[int], max_new: int, eos: set[int], precision: str = "") -> list[int]:
+    """No-cache oracle: recompute the whole sequence each step (empty past), take the argmax; the folder's
+    graph as exported (``precision``: which file of the onnx/ layout)."""
     import onnxruntime as ort
 
     from edge_runtime.generation.engine import kv_names
     from edge_runtime.generation.folder import read_folder
 
-    description = read_folder(folder)
+    description = read_folder(folder, precision)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(description.model_path), options, providers=["CPUExecutionProvider"])

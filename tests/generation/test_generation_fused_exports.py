@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from generation_fixtures import oracle_greedy
 
@@ -229,3 +230,50 @@ def test_quantizing_an_export_quantizes_its_fused_rebuild(qwen_folder: Path, tmp
         logits.append(ort.InferenceSession(str(d.model_path), providers=["CPUExecutionProvider"])
                       .run(["logits"], feeds)[0])
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+@pytest.fixture(scope="module")
+def community_folder(qwen_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The export in the onnx-community / transformers.js layout: configs and tokenizer at the top, the
+    graph under ``onnx/`` in fp32 and as MatMulNBits int4 (``model_q4.onnx``)."""
+    import onnx
+
+    from edge_runtime.optimize.decoder_quant import matmul_nbits
+
+    folder = tmp_path_factory.mktemp("community") / "qwen2"
+    (folder / "onnx").mkdir(parents=True)
+    for item in qwen_folder.iterdir():
+        if item.name != "model.onnx":
+            shutil.copy2(item, folder / item.name)
+    shutil.copy2(qwen_folder / "model.onnx", folder / "onnx" / "model.onnx")
+    onnx.save(matmul_nbits(onnx.load(str(qwen_folder / "model.onnx")), 4, 32, 4), str(folder / "onnx" / "model_q4.onnx"))
+    return folder
+
+
+def test_the_onnx_community_layout_loads_each_precision(community_folder: Path, tmp_path: Path) -> None:
+    from edge_runtime.errors import ModelLoadError
+    from edge_runtime.generation.folder import is_generative_folder
+
+    assert is_generative_folder(community_folder)
+    ids = [3, 17, 99, 250, 12, 7, 41]
+    for precision, rebuilt in (("", True), ("fp32", True), ("q4", False)):
+        model = _model(community_folder, tmp_path, precision=precision)
+        try:
+            expected_file = "model_q4.onnx" if precision == "q4" else "model.onnx"
+            assert model.folder.kv_in_place == rebuilt
+            assert model.folder.weight_files[0] == community_folder / "onnx" / expected_file
+            eos = set(model.folder.eos_token_ids)
+            assert list(model.generate(prompt=ids, max_tokens=16).token_ids) == oracle_greedy(
+                community_folder, ids, 16, eos, precision)
+        finally:
+            model.close()
+    with pytest.raises(ModelLoadError, match=r"precision 'fp16' has no onnx/ file here; present: \['fp32', 'q4'\]"):
+        _model(community_folder, tmp_path, precision="fp16")
+
+
+def test_a_bad_precision_setting_is_a_config_error() -> None:
+    from edge_runtime.errors import ConfigError
+    from edge_runtime.generation.settings import GenerationSettings
+
+    with pytest.raises(ConfigError, match=r"\[generation\] precision must be one of .*'q4'.*got 'int3'"):
+        GenerationSettings(precision="int3")

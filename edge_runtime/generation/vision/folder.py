@@ -27,7 +27,8 @@ import numpy as np
 
 from edge_runtime.errors import ModelLoadError, ModelNotFoundError
 from edge_runtime.generation.folder import DecoderFolder, describe_decoder, read_json, weight_files
-from edge_runtime.generation.vision.settings import PARTS, PRECISION_ORDER, SUFFIXES, VisionSettings
+from edge_runtime.generation.folder import PRECISION_ORDER, SUFFIXES
+from edge_runtime.generation.vision.settings import PARTS, VisionSettings
 
 ONNX_DIR = "onnx"
 FILE_STEMS = {"decoder": "decoder_model_merged", "embed_tokens": "embed_tokens", "vision_encoder": "vision_encoder"}

@@ -25,16 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from edge_runtime.errors import ConfigError
+from edge_runtime.generation.folder import SUFFIXES
 from edge_runtime.generation.vision.images import ImageAccess
 from edge_runtime.generation.vision.preprocess import VisionBudget
 
 PARTS = ("decoder", "embed_tokens", "vision_encoder")
-# transformers.js' dtype → file suffix (src/utils/dtypes.js): onnx/<stem><suffix>.onnx
-SUFFIXES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "int8": "_int8", "uint8": "_uint8", "q4": "_q4",
-            "q4f16": "_q4f16", "bnb4": "_bnb4"}
-# Without a setting: fp32 first (what the graphs were exported as), then the integer forms, which
-# ONNX Runtime's CPU kernels run fast; fp16 forms last, since on CPU they mostly run through casts.
-PRECISION_ORDER = ("fp32", "q8", "int8", "uint8", "q4", "bnb4", "fp16", "q4f16")
 PLANS = ("cpu", "gpu", "hybrid", "auto")
 
 
