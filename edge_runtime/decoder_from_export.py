@@ -19,8 +19,11 @@ the rebuilt graph computes what the export computes (``generation.fused_exports`
 before using one).
 
 Only what ``decoder_zoo`` builds is rebuilt: Qwen2 and Llama (SiLU MLP, RMSNorm, plain
-rotary without scaling, head_dim = hidden / heads), float32 weights. Quantized or fp16
-exports, rope scaling (Llama 3), sliding windows and other families keep the export.
+rotary without scaling, head_dim = hidden / heads), float32 weights, or weights quantized
+by onnxruntime's ``MatMulNBitsQuantizer`` (transformers.js' ``model_q4.onnx``, our
+``quantize``), which stay ``MatMulNBits`` as they are (q/k/v and gate/up concatenated along
+N). Other quantized forms (``model_quantized.onnx``'s dynamic int8), fp16 exports, rope
+scaling (Llama 3), sliding windows and other families keep the export.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from typing import Any
 import numpy as np
 
 FAMILIES = ("qwen2", "llama")
+# Ops of quantized forms the rebuild does not read (onnxruntime's quantize_dynamic / quantize_static)
+_OTHER_QUANTIZATION = {"MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear", "QuantizeLinear",
+                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul", "GatherBlockQuantized"}
 
 
 class NotFusable(Exception):
@@ -95,11 +101,17 @@ class _Weights:
             raise NotFusable(f"no initializer {name!r}")
         return self.array(name)
 
-    def linear(self, module: str) -> np.ndarray:
-        """The ``[out, in]`` weight of the linear layer ``module`` (``model.layers.0.self_attn.q_proj``)."""
+    def linear(self, module: str) -> Any:
+        """The ``[out, in]`` weight of the linear layer ``module`` (``model.layers.0.self_attn.q_proj``): an
+        array, or a ``decoder_zoo.NBitsWeight`` where the export's quantizer made it a ``MatMulNBits``
+        (onnxruntime's ``MatMulNBitsQuantizer`` names the node ``<MatMul's name>_Q<bits>``)."""
         path = "/" + module.replace("model.layers.", "model/layers.").replace(".self_attn.", "/self_attn/") \
             .replace(".mlp.", "/mlp/")
         node = self.nodes.get(f"{path}/MatMul")
+        quantized = [n for key, n in self.nodes.items() if key.startswith(f"{path}/MatMul_Q")
+                     and n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+        if node is None and len(quantized) == 1:
+            return self.nbits(quantized[0])
         if node is None:
             kinds = sorted({n.op_type for key, n in self.nodes.items() if key.startswith(path + "/")})
             raise NotFusable(f"no MatMul node {path}/MatMul" + (f" (its nodes: {', '.join(kinds)}: quantized?)"
@@ -110,6 +122,26 @@ class _Weights:
         if weight in self.transposed:
             return self.array(self.transposed[weight])
         raise NotFusable(f"{path}/MatMul's weight {weight!r} is not a constant")
+
+    def nbits(self, node: Any) -> Any:
+        from onnx import TensorProto, helper, numpy_helper
+
+        from edge_runtime.decoder_zoo import NBitsWeight
+
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = list(node.input) + [""] * (6 - len(node.input))
+        if any(inputs[4:]) or not all(name in self.initializers for name in inputs[1:3]) \
+                or (inputs[3] and inputs[3] not in self.initializers):
+            raise NotFusable(f"{node.name}: a MatMulNBits with g_idx, a bias or non-constant weights")
+        scales = self.initializers[inputs[2]]
+        if scales.data_type != TensorProto.FLOAT:
+            raise NotFusable(f"{node.name}: scales are {TensorProto.DataType.Name(scales.data_type)}, not float32")
+        packed = numpy_helper.to_array(self.initializers[inputs[1]])
+        n = int(attributes["N"])
+        zero_points = numpy_helper.to_array(self.initializers[inputs[3]]).reshape(n, -1) if inputs[3] else None
+        return NBitsWeight(packed, numpy_helper.to_array(scales).reshape(n, -1), zero_points, int(attributes["K"]),
+                           int(attributes.get("bits", 4)), int(attributes["block_size"]),
+                           int(attributes.get("accuracy_level", 0)))
 
     def bias(self, module: str) -> np.ndarray | None:
         name = module + ".bias"
@@ -157,6 +189,9 @@ def fused_from_export(proto: Any, config: dict[str, Any]) -> Any:
     found = {n.op_type for n in proto.graph.node}
     if "GroupQueryAttention" in found:
         raise NotFusable("the graph already attends with GroupQueryAttention")
+    other = sorted(found & _OTHER_QUANTIZATION)
+    if other:
+        raise NotFusable(f"its weights are quantized with {', '.join(other)} (only MatMulNBits weights are rebuilt)")
     weights = export_weights(proto, shape, bool(config.get("tie_word_embeddings", False)))
     try:
         return build_fused_decoder(shape, weights)

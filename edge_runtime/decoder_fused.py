@@ -54,8 +54,7 @@ class _FusedDecoder(_Decoder):
     def packed_qkv(self, h: str, prefix: str) -> str:
         """One MatMul (+ bias) giving [batch, seq, (heads + 2 * kv_heads) * head_dim]: GQA's packed query."""
         names = [prefix + f"self_attn.{kind}_proj" for kind in ("q", "k", "v")]
-        y = self.g.op("MatMul", [h, self.const(names[0] + ".packed", np.ascontiguousarray(
-            np.concatenate([self.w[n + ".weight"] for n in names], axis=0).T))])
+        y = self.project(h, [n + ".weight" for n in names], names[0] + ".packed")
         biases = [self.w.get(n + ".bias") for n in names]
         if all(b is not None for b in biases):
             return self.g.op("Add", [y, self.const(names[0] + ".packed_bias", np.concatenate(biases))])

@@ -52,6 +52,30 @@ class DecoderShape:
         return self.hidden // self.heads
 
 
+@dataclass(frozen=True)
+class NBitsWeight:
+    """A linear layer's weight already in ONNX Runtime's ``MatMulNBits`` form (read from a quantized
+    export by ``decoder_from_export``): ``packed`` [N, blocks, blob] uint8, ``scales`` [N, blocks],
+    ``zero_points`` [N, bytes] uint8 or None, and the op's attributes. The builder emits it as one
+    ``MatMulNBits``; weights of one input (q/k/v, gate/up) concatenate along N into one."""
+
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    k: int
+    bits: int
+    block_size: int
+    accuracy_level: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, K): the [out, in] shape of the weight it stands for, as a Hugging Face parameter's."""
+        return self.packed.shape[0], self.k
+
+    def attributes(self) -> tuple[int, int, int, int]:
+        return self.k, self.bits, self.block_size, self.accuracy_level
+
+
 def random_weights(shape: DecoderShape, seed: int = 0, std: float = 0.2) -> dict[str, np.ndarray]:
     """Hugging Face-named Qwen2 weights; ``std`` ~0.2 keeps greedy output varied (0.02 repeats a token)."""
     rng = np.random.default_rng(seed)
@@ -104,22 +128,40 @@ class _Decoder:
         start = g.op("Neg", [g.op("Unsqueeze", [LOGITS_TO_KEEP, self.const("axes", np.array([0], np.int64))])])
         kept = g.op("Slice", [x, start, self.const("end", np.array([np.iinfo(np.int64).max], np.int64)),
                               self.const("axes", np.array([1], np.int64))])
-        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])  # tied unless a head is given
-        g.op("MatMul", [kept, self.const("lm_head", np.ascontiguousarray(head.T))])
+        head = "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight"  # tied unless given
+        self.project(kept, [head], "lm_head")
         g.nodes[-1].output[0] = "logits"
         return helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [])
 
+    def project(self, x: str, names: list[str], label: str) -> str:
+        """``x`` times the weights ``names`` (Hugging Face [out, in] arrays, or ``NBitsWeight``s) stacked
+        along their outputs: one MatMul, or one ``MatMulNBits`` for quantized ones (one pass over ``x``)."""
+        weights = [self.w[n] for n in names]
+        if not any(isinstance(w, NBitsWeight) for w in weights):
+            return self.g.op("MatMul", [x, self.const(label, np.ascontiguousarray(np.concatenate(weights, axis=0).T))])
+        if not all(isinstance(w, NBitsWeight) for w in weights) or len({w.attributes() for w in weights}) > 1:
+            raise ValueError(f"{names} mix float and quantized weights or MatMulNBits settings")
+        first = weights[0]
+        inputs = [x, self.const(label + "_Q", np.concatenate([w.packed for w in weights])),
+                  self.const(label + "_scales", np.concatenate([w.scales for w in weights]))]
+        if any(w.zero_points is not None for w in weights):
+            if not all(w.zero_points is not None for w in weights):
+                raise ValueError(f"{names}: zero points on some weights only")
+            inputs.append(self.const(label + "_zero_points", np.concatenate([w.zero_points for w in weights])))
+        return self.g.op("MatMulNBits", inputs, domain="com.microsoft", K=first.k,
+                         N=sum(w.shape[0] for w in weights), bits=first.bits, block_size=first.block_size,
+                         accuracy_level=first.accuracy_level)
+
     def linear(self, x: str, name: str) -> str:
         """``x @ W.T (+ b)``; the bias is optional (Qwen2 has q/k/v biases, Llama none)."""
-        y = self.g.op("MatMul", [x, self.const(name, np.ascontiguousarray(self.w[name + ".weight"].T))])
+        y = self.project(x, [name + ".weight"], name)
         bias = self.w.get(name + ".bias")
         return self.g.op("Add", [y, self.const(name + ".bias", bias)]) if bias is not None else y
 
     def fused_linear(self, x: str, names: list[str]) -> list[str]:
         """Several projections of one input as one MatMul (one pass over ``x``, one kernel), then Split."""
         weights = [self.w[n + ".weight"] for n in names]
-        y = self.g.op("MatMul", [x, self.const(names[0] + ".fused", np.ascontiguousarray(
-            np.concatenate(weights, axis=0).T))])
+        y = self.project(x, [n + ".weight" for n in names], names[0] + ".fused")
         if all(n + ".bias" in self.w for n in names):
             y = self.g.op("Add", [y, self.const(names[0] + ".fused_bias", np.concatenate(
                 [self.w[n + ".bias"] for n in names]))])

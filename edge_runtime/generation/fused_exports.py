@@ -66,8 +66,6 @@ def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple
         return folder, "[generation] fuse_exports is off"
     if folder.kv_in_place:
         return folder, "its graph is already fused (GroupQueryAttention)"
-    if folder.model_path.name != MODEL_FILE:  # another precision of the onnx/ layout: quantized or fp16
-        return folder, f"{folder.model_path.name} is served as exported (only an fp32 {MODEL_FILE} is rebuilt)"
     target = Path(cache_dir) / CACHE_SUBDIR / export_key(folder)
     if not (target / DONE).is_file() and not (target / REFUSED).is_file():
         _rebuild(folder, target)

@@ -131,18 +131,56 @@ def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_f
     assert fused_export(export, False, tmp_path / "cache") == (export, "[generation] fuse_exports is off")
 
 
-def test_a_quantized_export_is_served_as_exported(onnx_folder: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("level,symmetric", [(0, True), (4, False)])
+def test_an_int4_export_is_rebuilt_with_its_own_quantized_weights(onnx_folder: Path, tmp_path: Path,
+                                                                  level: int, symmetric: bool) -> None:
+    """An export quantized by onnxruntime's MatMulNBitsQuantizer (transformers.js' model_q4.onnx) keeps its
+    quantized weights (and zero points), packed per input; tokens equal the quantized export's own
+    no-cache recompute."""
     import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     from edge_runtime.generation.folder import read_folder
     from edge_runtime.generation.fused_exports import fused_export
-    from edge_runtime.optimize.decoder_quant import matmul_nbits
 
     folder = _copy(onnx_folder, tmp_path / "q4")
-    onnx.save(matmul_nbits(onnx.load(str(folder / "model.onnx")), 4, 32, 4), str(folder / "model.onnx"))
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(folder / "model.onnx")), bits=4, block_size=32,
+                                     is_symmetric=symmetric, accuracy_level=level)
+    quantizer.process()
+    quantized = quantizer.model.model
+    assert any(len(n.input) > 3 for n in quantized.graph.node if n.op_type == "MatMulNBits") != symmetric
+    onnx.save(quantized, str(folder / "model.onnx"))
     export = read_folder(folder)
     served, why = fused_export(export, True, tmp_path / "cache")
-    assert served == export and "MatMulNBits" in why and "quantized" in why
+    assert served.kv_in_place, why
+    graph = onnx.load(str(served.model_path))
+    counts = {op: sum(n.op_type == op for n in graph.graph.node) for op in ("MatMulNBits", "MatMul")}
+    layers = export.kv.layers
+    untied = any(n.name.startswith("/lm_head/") and n.op_type == "MatMulNBits" for n in quantized.graph.node)
+    assert counts["MatMulNBits"] == 4 * layers + untied  # packed qkv, o, gate+up, down (+ an untied head)
+    assert {a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"} == {level}
+    model = _model(folder, tmp_path / "cache", max_batch_size=2)
+    try:
+        ids = model.prepare(messages=MESSAGES).ids
+        eos = set(model.folder.eos_token_ids)
+        assert list(model.generate(prompt=ids, max_tokens=16).token_ids) == oracle_greedy(folder, ids, 16, eos)
+    finally:
+        model.close()
+
+
+def test_a_dynamic_int8_export_is_served_as_exported(qwen_folder: Path, tmp_path: Path) -> None:
+    """onnxruntime's quantize_dynamic (transformers.js' model_quantized.onnx): not read back, served as exported."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import fused_export
+
+    folder = _copy(qwen_folder, tmp_path / "q8")
+    quantize_dynamic(qwen_folder / "model.onnx", folder / "model.onnx", weight_type=QuantType.QInt8)
+    export = read_folder(folder)
+    served, why = fused_export(export, True, tmp_path / "cache")
+    assert served == export and "quantized with" in why and "MatMulInteger" in why
 
 
 def test_the_logit_check_refuses_a_rebuild_that_misread_the_export(qwen_folder: Path, tmp_path: Path) -> None:
@@ -256,11 +294,11 @@ def test_the_onnx_community_layout_loads_each_precision(community_folder: Path, 
 
     assert is_generative_folder(community_folder)
     ids = [3, 17, 99, 250, 12, 7, 41]
-    for precision, rebuilt in (("", True), ("fp32", True), ("q4", False)):
+    for precision, rebuilt in (("", True), ("fp32", True), ("q4", True)):
         model = _model(community_folder, tmp_path, precision=precision)
         try:
             expected_file = "model_q4.onnx" if precision == "q4" else "model.onnx"
-            assert model.folder.kv_in_place == rebuilt
+            assert model.folder.kv_in_place == rebuilt  # int4 too: MatMulNBits kept, attention fused
             assert model.folder.weight_files[0] == community_folder / "onnx" / expected_file
             eos = set(model.folder.eos_token_ids)
             assert list(model.generate(prompt=ids, max_tokens=16).token_ids) == oracle_greedy(
