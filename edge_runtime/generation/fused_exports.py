@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from edge_runtime.generation.folder import MODEL_FILE, DecoderFolder, describe_decoder, read_folder, read_json
 from edge_runtime.generation.settings import GenerationSettings
@@ -79,6 +80,29 @@ def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple
             "export's)")
 
 
+def _checked_pair(export_path: Path, work: Path, export: Any, fused: Any) -> tuple[str, str]:
+    """The two graphs ``same_logits`` compares: the export and its rebuild as written, or — where their
+    MatMulNBits quantize activations to int8 (accuracy level above 0: one fp32 rounding apart before a
+    node, its int8 rounding can flip and the logits move by far more than fp32 noise) — both at level 0,
+    which dequantizes the same weights in fp32: the check is of the weights read and the graph's
+    function; the level is an attribute carried over unchanged."""
+    import onnx
+
+    from edge_runtime.optimize.decoder_quant import set_accuracy_level
+
+    levels = {a.i for n in export.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}
+    if not levels - {0}:
+        return str(export_path), str(work / MODEL_FILE)
+    paths = []
+    for name, proto in (("check-export.onnx", export), ("check-fused.onnx", fused)):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(proto)
+        onnx.save(set_accuracy_level(copy, 0), str(work / name), save_as_external_data=True, location=name + ".data")
+        paths.append(str(work / name))
+    return paths[0], paths[1]
+
+
 def _rebuild(folder: DecoderFolder, target: Path) -> None:
     """Write the rebuild (or the reason there is none) to ``target``, atomically: a build goes to a
     temporary folder beside it and is renamed; a concurrent load that got there first wins."""
@@ -91,16 +115,19 @@ def _rebuild(folder: DecoderFolder, target: Path) -> None:
     try:
         config = read_json(folder.path / "config.json")
         try:
-            fused = fused_from_export(onnx.load(str(folder.model_path)), config)
+            export = onnx.load(str(folder.model_path))
+            fused = fused_from_export(export, config)
             onnx.save(fused, str(work / MODEL_FILE), save_as_external_data=True, location=MODEL_FILE + ".data")
-            del fused
-            difference = same_logits(str(folder.model_path), str(work / MODEL_FILE), folder.vocab_size)
+            difference = same_logits(*_checked_pair(folder.model_path, work, export, fused), folder.vocab_size)
+            del export, fused
         except NotFusable as exc:
             for stale in work.iterdir():
                 stale.unlink()
             (work / REFUSED).write_text(json.dumps({"reason": f"served as exported, not rebuilt as the fused "
                                                               f"graph: {exc}"}))
         else:
+            for check in work.glob("check-*"):
+                check.unlink()
             (work / DONE).write_text(json.dumps({"source": str(folder.model_path), "version": VERSION,
                                                  "logit_difference": difference}))
         try:
