@@ -3,10 +3,14 @@
 ``convert --to onnx --quantize`` writes, beside the fp32 parts:
 
 * ``onnx/vision_encoder_quantized.onnx`` and ``onnx/decoder_model_merged_quantized.onnx``
-  (transformers.js' ``q8``): ONNX Runtime's dynamic int8 quantization of the MatMuls (weights
-  int8 per output channel, activations quantized per call; attention, norms and rotary stay
-  fp32). The prefill-heavy form: on the benchmark's CPU its int8 matrix products (VNNI) ran
-  2.9x the fp32 ones at 256+ rows;
+  (transformers.js' ``q8``): int8 MatMuls (weights int8 per output channel, attention, norms and
+  rotary fp32). The encoder: ONNX Runtime's dynamic quantization (activations quantized per call:
+  one image's patches). The decoder: ``optimize.per_token_int8`` (activations quantized per
+  token), because in a continuous batch a per-call scale would make a row's rounding depend on
+  the other rows of the step — the same request would answer differently alone and beside others.
+  Both take u8 activations x s8 weights, as ``quantize_dynamic`` does, which ONNX Runtime runs
+  with VNNI on x86 and dot-product instructions on ARM. The prefill-heavy form: on the
+  benchmark's CPU its int8 matrix products ran 2.9x the fp32 ones at 256+ rows;
 * ``onnx/decoder_model_merged_q4.onnx`` and ``_int8.onnx``: weight-only ``MatMulNBits`` (4 and
   8 bits, ``optimize.decoder_quant``'s settings: blocks of 32, int8 compute), the decode-heavy
   form (a quarter / half of the weight bytes to stream per token; at 256+ rows it ran no faster
@@ -38,8 +42,7 @@ def write_quantized_parts(folder: Path) -> dict[str, int]:
     onnx_dir = Path(folder) / "onnx"
     external: dict[str, int] = {}
     quantize_dynamic_int8(onnx_dir / "vision_encoder.onnx", onnx_dir / "vision_encoder_quantized.onnx")
-    quantize_dynamic_int8(onnx_dir / "decoder_model_merged.onnx",
-                          onnx_dir / "decoder_model_merged_quantized.onnx")
+    external.update(quantize_decoder_per_token(onnx_dir, "decoder_model_merged_quantized"))
     for precision, bits in DECODER_BITS.items():
         external.update(quantize_decoder_nbits(onnx_dir, f"decoder_model_merged_{precision}", bits))
     return external
@@ -74,6 +77,26 @@ def quantize_dynamic_int8(source: Path, out: Path) -> None:
     finally:
         quiet.setLevel(previous)
     log.info("%s -> %s (dynamic int8 MatMuls; kept fp32: %s)", source.name, out.name, exclude)
+
+
+def quantize_decoder_per_token(onnx_dir: Path, stem: str) -> dict[str, int]:
+    """``decoder_model_merged.onnx`` with per-token int8 MatMuls as ``onnx_dir/<stem>.onnx``."""
+    import onnx
+
+    from edge_runtime.optimize.per_token_int8 import per_token_int8
+    from edge_runtime.optimize.quantize import Int8Settings
+    from edge_runtime.vlm_parts import save_part
+
+    proto = onnx.load(str(onnx_dir / "decoder_model_merged.onnx"))
+    # What the folder takes wherever it runs: u8 activations around 128 x s8 weights over the full 8 bits
+    # (quantize_dynamic's defaults; a 7-bit range would only matter on x86 without VNNI).
+    settings = Int8Settings(activation_signed=False, reduce_range=False,
+                            why="portable: u8 activations x s8 weights, as quantize_dynamic writes")
+    quantized, done = per_token_int8(proto, settings, exclude=angle_matmuls(proto))
+    external: dict[str, int] = {}
+    save_part(quantized, onnx_dir, stem, False, external)
+    log.info("decoder: %s (per-token int8 MatMulInteger, %d of them)", stem, done)
+    return external
 
 
 def quantize_decoder_nbits(onnx_dir: Path, stem: str, bits: int) -> dict[str, int]:

@@ -111,8 +111,12 @@ def add_quantized_parts(folder: Path) -> None:
     """``convert --quantize``'s parts, written into a cached fp32 folder that lacks them."""
     from edge_runtime.vlm_quant import write_quantized_parts
 
-    if (folder / "onnx" / "decoder_model_merged_int8.onnx").is_file():
-        return
+    import onnx
+
+    q8 = folder / "onnx" / "decoder_model_merged_quantized.onnx"
+    if (folder / "onnx" / "decoder_model_merged_int8.onnx").is_file() and not any(
+            n.op_type == "DynamicQuantizeLinear" for n in onnx.load(str(q8), load_external_data=False).graph.node):
+        return  # written, and by a converter whose q8 decoder quantizes activations per token
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config["transformers.js_config"]["use_external_data_format"].update(write_quantized_parts(folder))

@@ -34,7 +34,7 @@ of 5 x 300 runs of a one-off script (µs, 1 / 8 / 512 rows): this form 65 / 125 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 
@@ -43,9 +43,10 @@ from edge_runtime.optimize.quantize import Int8Settings
 PREFIX = "per_token_int8"  # names of the nodes and initializers this module adds
 
 
-def per_token_int8(proto: Any, settings: Int8Settings) -> tuple[Any, int]:
+def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] = ()) -> tuple[Any, int]:
     """``proto`` (weights loaded; changed in place and returned) with every MatMul of a constant 2-D
-    weight as a per-token int8 ``MatMulInteger``; and how many were rewritten."""
+    weight, but the nodes named in ``exclude``, as a per-token int8 ``MatMulInteger``; and how many
+    were rewritten."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = proto.graph
@@ -55,7 +56,7 @@ def per_token_int8(proto: Any, settings: Int8Settings) -> tuple[Any, int]:
     for node in graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
-        if node.op_type == "MatMul" and len(node.input) == 2:
+        if node.op_type == "MatMul" and len(node.input) == 2 and node.name not in exclude:
             matmul_readers[node.input[1]] = matmul_readers.get(node.input[1], 0) + 1
     signed = settings.activation_signed
     limit = 63.0 if settings.reduce_range else 127.0
@@ -70,7 +71,7 @@ def per_token_int8(proto: Any, settings: Int8Settings) -> tuple[Any, int]:
     nodes, added, replaced, converted = [], [], set(), set()
     rows: dict[str, tuple[str, str]] = {}  # activation name -> (its quantized name, its row scales)
     for node in graph.node:
-        weight = weights.get(node.input[1]) if node.op_type == "MatMul" else None
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and node.name not in exclude else None
         if weight is None or len(weight.dims) != 2:
             nodes.append(node)
             continue

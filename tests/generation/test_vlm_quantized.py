@@ -85,3 +85,28 @@ def test_quantized_decoders_load_by_precision_and_keep_the_first_greedy_tokens(q
         finally:
             model.close()
     assert tokens["quantized"][:2] == tokens["fp32"][:2], tokens
+
+
+def test_the_q8_decoder_answers_a_request_alike_alone_and_beside_another(quantized_folder: Path) -> None:
+    """Per-token activation scales: a row's rounding does not depend on the other rows of a decode step
+    (a per-call scale, onnxruntime's quantize_dynamic, made the same request answer otherwise in a batch)."""
+    import concurrent.futures
+
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    model = GenerativeModel("q8", quantized_folder, GenerationSettings(max_seq_len=512, prefix_cache_bytes=0),
+                            threads=1, vision=VisionSettings(precision={"decoder": "q8", "vision_encoder": "q8"}))
+    requests = [[{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
+                                              {"type": "text", "text": "tap the settings button"}]}],
+                [{"role": "user", "content": "scroll down to the network entry and open it " * 3}],
+                [{"role": "user", "content": "go back"}]]
+    try:
+        alone = [list(model.generate(messages=m, max_tokens=24, ignore_eos=True).token_ids) for m in requests]
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda m: list(model.generate(messages=m, max_tokens=24,
+                                                                   ignore_eos=True).token_ids), requests))
+    finally:
+        model.close()
+    assert together == alone

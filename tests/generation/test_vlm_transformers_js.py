@@ -109,9 +109,12 @@ def test_fp16_parts_run_in_transformers_js_like_in_onnxruntime(tmp_path_factory,
     assert js["tokens"] == onnx_greedy("qwen2_vl", folder, load_model(hf), inputs, 12, suffix="_fp16")
 
 
-def test_quantized_parts_run_in_transformers_js_like_in_our_engine(tmp_path_factory, tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoder", ["q4", "q8"])
+def test_quantized_parts_run_in_transformers_js_like_in_our_engine(tmp_path_factory, tmp_path: Path,
+                                                                    decoder: str) -> None:
     """``--quantize`` parts under transformers.js' names: transformers.js with a per-part dtype (q8 vision
-    encoder, q4 decoder) loads them and decodes the tokens our engine decodes from the same files."""
+    encoder; q4 decoder, or the per-token int8 one) loads them and decodes the tokens our engine decodes
+    from the same files."""
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.generation.vision.settings import VisionSettings
@@ -122,9 +125,9 @@ def test_quantized_parts_run_in_transformers_js_like_in_our_engine(tmp_path_fact
     image, prompt = sample_image(84, 56, seed=5), "tap the settings button"
     image.save(tmp_path / "screen.png")
     js = node_greedy(folder, tmp_path / "screen.png", prompt, 12, dtype=json.dumps(
-        {"embed_tokens": "fp32", "vision_encoder": "q8", "decoder_model_merged": "q4"}))
+        {"embed_tokens": "fp32", "vision_encoder": "q8", "decoder_model_merged": decoder}))
     model = GenerativeModel("q", folder, GenerationSettings(max_seq_len=512), threads=1,
-                            vision=VisionSettings(precision={"decoder": "q4", "vision_encoder": "q8"}))
+                            vision=VisionSettings(precision={"decoder": decoder, "vision_encoder": "q8"}))
     try:
         ours = model.generate(messages=[{"role": "user", "content": [{"type": "image", "image": image},
                                                                      {"type": "text", "text": prompt}]}],
