@@ -19,11 +19,11 @@ the rebuilt graph computes what the export computes (``generation.fused_exports`
 before using one).
 
 Only what ``decoder_zoo`` builds is rebuilt: Qwen2 and Llama (SiLU MLP, RMSNorm, plain
-rotary without scaling, head_dim = hidden / heads), float32 weights, or weights quantized
+rotary or Llama 3's scaled one, head_dim = hidden / heads), float32 weights, or weights quantized
 by onnxruntime's ``MatMulNBitsQuantizer`` (transformers.js' ``model_q4.onnx``, our
 ``quantize``), which stay ``MatMulNBits`` as they are (q/k/v and gate/up concatenated along
-N). Other quantized forms (``model_quantized.onnx``'s dynamic int8), fp16 exports, rope
-scaling (Llama 3), sliding windows and other families keep the export.
+N). Other quantized forms (``model_quantized.onnx``'s dynamic int8), fp16 exports, other rope
+scalings (YaRN, dynamic NTK ...), sliding windows and other families keep the export.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-FAMILIES = ("qwen2", "llama")
 # Ops of quantized forms the rebuild does not read (onnxruntime's quantize_dynamic / quantize_static)
 _OTHER_QUANTIZATION = {"MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear", "QuantizeLinear",
                        "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul", "GatherBlockQuantized"}
@@ -45,32 +44,12 @@ class NotFusable(Exception):
 def export_shape(config: dict[str, Any]) -> Any:
     """``decoder_zoo.DecoderShape`` of a Qwen2/Llama ``config.json``; NotFusable for what the builder lacks."""
     from edge_runtime.decoder_fused import unfusable
-    from edge_runtime.decoder_zoo import DecoderShape
+    from edge_runtime.decoder_zoo import shape_from_config
 
-    family = config.get("model_type")
-    if family not in FAMILIES:
-        raise NotFusable(f"model_type {family!r} is not one of {', '.join(FAMILIES)}")
-    scaling = config.get("rope_scaling") or {}
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise NotFusable(f"rope_scaling {scaling} (the fused graph has plain rotary only)")
-    if config.get("hidden_act", "silu") != "silu":
-        raise NotFusable(f"hidden_act {config.get('hidden_act')!r} is not silu")
-    if config.get("use_sliding_window"):
-        raise NotFusable("use_sliding_window is on (the fused graph attends to the whole context)")
-    if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise NotFusable(f"partial_rotary_factor {config['partial_rotary_factor']} (rotary over every channel only)")
     try:
-        heads = int(config["num_attention_heads"])
-        shape = DecoderShape(hidden=int(config["hidden_size"]), layers=int(config["num_hidden_layers"]), heads=heads,
-                             kv_heads=int(config.get("num_key_value_heads") or heads),
-                             intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
-                             max_positions=int(config["max_position_embeddings"]),
-                             rope_theta=float(config.get("rope_theta", 10000.0)),
-                             rms_eps=float(config.get("rms_norm_eps", 1e-6)))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise NotFusable(f"config.json lacks or garbles {exc}") from None
-    if config.get("head_dim") not in (None, shape.head_dim):
-        raise NotFusable(f"head_dim {config['head_dim']} is not hidden_size / num_attention_heads = {shape.head_dim}")
+        shape = shape_from_config(config)
+    except ValueError as exc:
+        raise NotFusable(str(exc)) from None
     reason = unfusable(shape)
     if reason is not None:
         raise NotFusable(reason)

@@ -64,9 +64,7 @@ class _FusedDecoder(_Decoder):
 
     def rotary_caches(self) -> tuple[str, str]:
         """[max_positions, head_dim / 2] cos and sin (GroupQueryAttention's rotate-half layout)."""
-        d = self.s.head_dim
-        inv_freq = 1.0 / (self.s.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), inv_freq)
+        angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), self.s.inv_freq())
         return (self.const("cos_cache", np.cos(angles).astype(np.float32)),
                 self.const("sin_cache", np.sin(angles).astype(np.float32)))
 

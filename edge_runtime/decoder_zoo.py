@@ -46,10 +46,63 @@ class DecoderShape:
     max_positions: int = 1024
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
+    # Llama 3's rope scaling ("rope_type": "llama3"): (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings); None: plain rotary
+    rope_llama3: tuple[float, float, float, int] | None = None
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def inv_freq(self) -> np.ndarray:
+        """The rotary frequencies of the ``head_dim / 2`` channel pairs (float64), with Llama 3's scaling
+        where set: wavelengths longer than ``original / low_freq_factor`` slowed by ``factor``, shorter
+        than ``original / high_freq_factor`` kept, those between blended (transformers' formula)."""
+        d = self.head_dim
+        inv_freq = 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        if self.rope_llama3 is None:
+            return inv_freq
+        factor, low, high, original = self.rope_llama3
+        wavelen = 2 * np.pi / inv_freq
+        scaled = np.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def shape_from_config(config: dict) -> DecoderShape:
+    """The ``DecoderShape`` of a Hugging Face Qwen2/Llama ``config.json``; ValueError (one line) for what
+    this builder cannot reproduce: another family or activation, rope scaling other than Llama 3's, a
+    sliding window, partial rotary, ``head_dim`` other than hidden / heads."""
+    family = config.get("model_type")
+    if family not in ("qwen2", "llama"):
+        raise ValueError(f"model_type {family!r} is not qwen2 or llama")
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise ValueError(f"rope_scaling {scaling} (plain rotary and Llama 3's scaling only)")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not silu")
+    if config.get("use_sliding_window"):
+        raise ValueError("use_sliding_window is on (the graph attends to the whole context)")
+    if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"partial_rotary_factor {config['partial_rotary_factor']} (rotary over every channel only)")
+    try:
+        heads = int(config["num_attention_heads"])
+        llama3 = None if kind == "default" else (
+            float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
+            int(scaling["original_max_position_embeddings"]))
+        shape = DecoderShape(hidden=int(config["hidden_size"]), layers=int(config["num_hidden_layers"]), heads=heads,
+                             kv_heads=int(config.get("num_key_value_heads") or heads),
+                             intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                             max_positions=int(config["max_position_embeddings"]),
+                             rope_theta=float(config.get("rope_theta", 10000.0)),
+                             rms_eps=float(config.get("rms_norm_eps", 1e-6)), rope_llama3=llama3)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"config.json lacks or garbles {exc}") from None
+    if config.get("head_dim") not in (None, shape.head_dim):
+        raise ValueError(f"head_dim {config['head_dim']} is not hidden_size / num_attention_heads = {shape.head_dim}")
+    return shape
 
 
 @dataclass(frozen=True)
@@ -187,9 +240,8 @@ class _Decoder:
 
     def cos_sin(self) -> tuple[str, str]:
         """[batch, 1, seq, head_dim] cos and sin gathered from tables by ``position_ids`` [batch, seq]."""
-        g, d = self.g, self.s.head_dim
-        inv_freq = 1.0 / (self.s.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), inv_freq)
+        g = self.g
+        angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), self.s.inv_freq())
         angles = np.concatenate([angles, angles], axis=-1)
         axis1 = self.const("axis1", np.array([1], np.int64))
         tables = [self.const(name, fn(angles).astype(np.float32)) for name, fn in (("cos", np.cos), ("sin", np.sin))]
@@ -320,14 +372,10 @@ def decoder_folder_from_hf(hf_folder: Path, out: Path, *, fused: bool = True) ->
 
     hf_folder, out = Path(hf_folder), Path(out)
     config = json.loads((hf_folder / "config.json").read_text())
-    if config.get("model_type") not in ("qwen2", "llama"):
-        raise ValueError(f"{hf_folder}: model_type {config.get('model_type')!r} is not qwen2 or llama")
-    shape = DecoderShape(hidden=config["hidden_size"], layers=config["num_hidden_layers"],
-                         heads=config["num_attention_heads"],
-                         kv_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
-                         intermediate=config["intermediate_size"], vocab=config["vocab_size"],
-                         max_positions=config["max_position_embeddings"],
-                         rope_theta=float(config.get("rope_theta", 10000.0)), rms_eps=config["rms_norm_eps"])
+    try:
+        shape = shape_from_config(config)
+    except ValueError as exc:
+        raise ValueError(f"{hf_folder}: {exc}") from None
     weights = {k: np.asarray(v, np.float32) for k, v in load_file(str(hf_folder / "model.safetensors")).items()}
     if config.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)

@@ -35,10 +35,15 @@ class DecoderSpec:
     max_positions: int = 512
     init_std: float = 0.2
     seed: int = 0
+    # Llama 3's rope scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    llama3_rope: tuple[float, float, float, int] | None = None
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        if fields["llama3_rope"] is None:  # keys of specs from before the field stay as they were
+            del fields["llama3_rope"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _perturb(model, seed: int) -> None:
@@ -74,7 +79,10 @@ def hf_folder(spec: DecoderSpec, root: Path) -> Path:
         config = transformers.Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **common)
         cls = transformers.Qwen2ForCausalLM
     elif spec.arch == "llama":
-        config = transformers.LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, **common)
+        scaling = None if spec.llama3_rope is None else dict(zip(
+            ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), spec.llama3_rope),
+            rope_type="llama3")
+        config = transformers.LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=scaling, **common)
         cls = transformers.LlamaForCausalLM
     else:
         raise ValueError(f"unknown arch {spec.arch!r}: expected 'qwen2' or 'llama'")

@@ -33,7 +33,7 @@ from edge_runtime.generation.settings import GenerationSettings
 log = logging.getLogger(__name__)
 
 CACHE_SUBDIR = "fused-exports"
-VERSION = 1  # of the rebuild: a change to decoder_fused/decoder_from_export that alters the graph bumps it
+VERSION = 2  # of the rebuild: a change to decoder_fused/decoder_from_export that alters the graph bumps it
 DONE, REFUSED = "fused.json", "refused.json"
 
 

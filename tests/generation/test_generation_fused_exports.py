@@ -7,6 +7,7 @@ and the export served as exported (``fuse_exports`` off).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -116,8 +117,7 @@ def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_f
     scaled = _copy(onnx_folder, tmp_path / "scaled")
     config = json.loads((scaled / "config.json").read_text())
     (scaled / "config.json").write_text(json.dumps({**config, "rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 128}}))
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}))
     cases[scaled] = "rope_scaling"
     other = _copy(onnx_folder, tmp_path / "other")
     (other / "config.json").write_text(json.dumps({**config, "model_type": "phi3"}))
@@ -315,3 +315,29 @@ def test_a_bad_precision_setting_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"\[generation\] precision must be one of .*'q4'.*got 'int3'"):
         GenerationSettings(precision="int3")
+
+
+def test_a_llama3_scaled_rope_export_is_rebuilt_with_its_scaling(tmp_path: Path) -> None:
+    """Llama 3's rope scaling (long wavelengths slowed, short kept, the band between blended): the rebuild's
+    rotary tables follow it, so tokens past the original context equal the export's no-cache recompute."""
+    from generation_fixtures import SPECS, models_root
+    from hf_decoders import optimum_folder
+
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+    from hf_decoders import hf_folder
+
+    spec = dataclasses.replace(SPECS["llama"], llama3_rope=(8.0, 1.0, 4.0, 32), seed=7)
+    export = optimum_folder(spec, models_root())
+    assert json.loads((export / "config.json").read_text())["rope_scaling"]["rope_type"] == "llama3"
+    ids = [int(t) for t in np.random.default_rng(2).integers(3, 500, 90)]  # past the original 32 positions
+    # the export rebuilt at load, and our builder's graph of the checkpoint it came from (fused and plain)
+    built = [decoder_folder_from_hf(hf_folder(spec, models_root()), tmp_path / f"built-{fused}", fused=fused)
+             for fused in (True, False)]
+    for folder in (export, *built):
+        model = _model(folder, tmp_path, max_batch_size=2)
+        try:
+            assert model.folder.kv_in_place == (folder != built[1])
+            eos = set(model.folder.eos_token_ids)
+            assert list(model.generate(prompt=ids, max_tokens=24).token_ids) == oracle_greedy(export, ids, 24, eos)
+        finally:
+            model.close()
