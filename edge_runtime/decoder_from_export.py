@@ -18,8 +18,8 @@ not recognised raises ``NotFusable`` with the reason; ``same_logits`` is the che
 the rebuilt graph computes what the export computes (``generation.fused_exports`` runs it
 before using one).
 
-Only what ``decoder_zoo`` builds is rebuilt: Qwen2 and Llama (SiLU MLP, RMSNorm, plain
-rotary or Llama 3's scaled one, head_dim = hidden / heads), float32 weights, or weights quantized
+Only what ``decoder_zoo`` builds is rebuilt: Qwen2, Qwen3 (its own head size, q/k norms) and
+Llama (SiLU MLP, RMSNorm, plain rotary or Llama 3's scaled one), float32 weights, or weights quantized
 by onnxruntime's ``MatMulNBitsQuantizer`` (transformers.js' ``model_q4.onnx``, our
 ``quantize``), which stay ``MatMulNBits`` as they are (q/k/v and gate/up concatenated along
 N). Other quantized forms (``model_quantized.onnx``'s dynamic int8), fp16 exports, other rope
@@ -144,6 +144,9 @@ def export_weights(proto: Any, shape: Any, tied: bool) -> dict[str, np.ndarray]:
                          p + "mlp.gate_proj.weight": (shape.intermediate, shape.hidden),
                          p + "mlp.up_proj.weight": (shape.intermediate, shape.hidden),
                          p + "mlp.down_proj.weight": (shape.hidden, shape.intermediate)})
+        if shape.qk_norm:
+            expected.update({p + "self_attn.q_norm.weight": (shape.head_dim,),
+                             p + "self_attn.k_norm.weight": (shape.head_dim,)})
     if not tied:
         expected["lm_head.weight"] = (shape.vocab, shape.hidden)
     weights: dict[str, np.ndarray] = {}

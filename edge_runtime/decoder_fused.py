@@ -62,6 +62,19 @@ class _FusedDecoder(_Decoder):
             raise ValueError(f"some but not all of {names} have biases")
         return y
 
+    def normed_qk(self, packed: str, prefix: str) -> list[str]:
+        """Qwen3: the packed projection split into query, key and value (GroupQueryAttention's unpacked
+        inputs), the query and key heads each RMS-normalised over their channels (``q_norm``, ``k_norm``)."""
+        s, g = self.s, self.g
+        sizes = [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim]
+        q, k, v = g.op("Split", [packed, self.const("split", np.array(sizes, np.int64))], 3, axis=-1)
+        normed = []
+        for kind, y, count in (("q", q, s.heads), ("k", k, s.kv_heads)):
+            y = g.op("Reshape", [y, self.const("shape", np.array([0, 0, count, s.head_dim], np.int64))])
+            y = self.rms_norm(y, prefix + f"self_attn.{kind}_norm.weight")
+            normed.append(g.op("Reshape", [y, self.const("shape", np.array([0, 0, count * s.head_dim], np.int64))]))
+        return [normed[0], normed[1], v]
+
     def rotary_caches(self) -> tuple[str, str]:
         """[max_positions, head_dim / 2] cos and sin (GroupQueryAttention's rotate-half layout)."""
         angles = np.outer(np.arange(self.s.max_positions, dtype=np.float64), self.s.inv_freq())
@@ -100,10 +113,13 @@ class _FusedDecoder(_Decoder):
             p = f"model.layers.{n}."
             past_k, past_v = f"past_key_values.{n}.key", f"past_key_values.{n}.value"
             packed = self.packed_qkv(h, p)
+            qkv = self.normed_qk(packed, p) if s.qk_norm else [packed, "", ""]
             if self.mrope:  # rotated here; GroupQueryAttention only attends
+                if s.qk_norm:
+                    raise ValueError("M-RoPE with q/k norms is not built")
                 rotary = [self.rotate_packed(packed, cos, sin), "", "", past_k, past_v, seqlens_k, total]
             else:
-                rotary = [packed, "", "", past_k, past_v, seqlens_k, total, cos, sin, "position_ids"]
+                rotary = [*qkv, past_k, past_v, seqlens_k, total, cos, sin, "position_ids"]
             attended = g.op("GroupQueryAttention", rotary, 3, domain=MS, num_heads=s.heads, kv_num_heads=s.kv_heads,
                             do_rotary=0 if self.mrope else 1, rotary_interleaved=0)
             g.nodes[-1].output[1], g.nodes[-1].output[2] = f"present.{n}.key", f"present.{n}.value"

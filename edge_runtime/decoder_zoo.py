@@ -49,10 +49,14 @@ class DecoderShape:
     # Llama 3's rope scaling ("rope_type": "llama3"): (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings); None: plain rotary
     rope_llama3: tuple[float, float, float, int] | None = None
+    # Qwen3: a head size of its own (0 = hidden / heads) and an RMSNorm over each query and key head
+    # (``self_attn.q_norm`` / ``k_norm``, [head_dim]) before the rotary
+    attention_head_dim: int = 0
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attention_head_dim or self.hidden // self.heads
 
     def inv_freq(self) -> np.ndarray:
         """The rotary frequencies of the ``head_dim / 2`` channel pairs (float64), with Llama 3's scaling
@@ -71,12 +75,12 @@ class DecoderShape:
 
 
 def shape_from_config(config: dict) -> DecoderShape:
-    """The ``DecoderShape`` of a Hugging Face Qwen2/Llama ``config.json``; ValueError (one line) for what
-    this builder cannot reproduce: another family or activation, rope scaling other than Llama 3's, a
-    sliding window, partial rotary, ``head_dim`` other than hidden / heads."""
+    """The ``DecoderShape`` of a Hugging Face Qwen2/Qwen3/Llama ``config.json``; ValueError (one line) for
+    what this builder cannot reproduce: another family or activation, rope scaling other than Llama 3's,
+    a sliding window, partial rotary, ``head_dim`` other than hidden / heads outside Qwen3."""
     family = config.get("model_type")
-    if family not in ("qwen2", "llama"):
-        raise ValueError(f"model_type {family!r} is not qwen2 or llama")
+    if family not in FAMILIES:
+        raise ValueError(f"model_type {family!r} is not one of {', '.join(FAMILIES)}")
     scaling = config.get("rope_scaling") or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ("default", "llama3"):
@@ -97,7 +101,9 @@ def shape_from_config(config: dict) -> DecoderShape:
                              intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
                              max_positions=int(config["max_position_embeddings"]),
                              rope_theta=float(config.get("rope_theta", 10000.0)),
-                             rms_eps=float(config.get("rms_norm_eps", 1e-6)), rope_llama3=llama3)
+                             rms_eps=float(config.get("rms_norm_eps", 1e-6)), rope_llama3=llama3,
+                             attention_head_dim=int(config.get("head_dim") or 0) if family == "qwen3" else 0,
+                             qk_norm=family == "qwen3")
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"config.json lacks or garbles {exc}") from None
     if config.get("head_dim") not in (None, shape.head_dim):
@@ -129,10 +135,14 @@ class NBitsWeight:
         return self.k, self.bits, self.block_size, self.accuracy_level
 
 
+FAMILIES = ("qwen2", "qwen3", "llama")
+
+
 def random_weights(shape: DecoderShape, seed: int = 0, std: float = 0.2) -> dict[str, np.ndarray]:
     """Hugging Face-named Qwen2 weights; ``std`` ~0.2 keeps greedy output varied (0.02 repeats a token)."""
     rng = np.random.default_rng(seed)
     h, kv, i = shape.hidden, shape.kv_heads * shape.head_dim, shape.intermediate
+    q = shape.heads * shape.head_dim
 
     def normal(*dims: int, scale: float = std) -> np.ndarray:
         return (rng.standard_normal(dims) * scale).astype(np.float32)
@@ -143,13 +153,16 @@ def random_weights(shape: DecoderShape, seed: int = 0, std: float = 0.2) -> dict
         weights.update({
             p + "input_layernorm.weight": 1 + normal(h, scale=0.2),
             p + "post_attention_layernorm.weight": 1 + normal(h, scale=0.2),
-            p + "self_attn.q_proj.weight": normal(h, h), p + "self_attn.q_proj.bias": normal(h, scale=0.1),
+            p + "self_attn.q_proj.weight": normal(q, h), p + "self_attn.q_proj.bias": normal(q, scale=0.1),
             p + "self_attn.k_proj.weight": normal(kv, h), p + "self_attn.k_proj.bias": normal(kv, scale=0.1),
             p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.v_proj.bias": normal(kv, scale=0.1),
-            p + "self_attn.o_proj.weight": normal(h, h),
+            p + "self_attn.o_proj.weight": normal(h, q),
             p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
             p + "mlp.down_proj.weight": normal(h, i),
         })
+        if shape.qk_norm:
+            weights.update({p + "self_attn.q_norm.weight": 1 + normal(shape.head_dim, scale=0.2),
+                            p + "self_attn.k_norm.weight": 1 + normal(shape.head_dim, scale=0.2)})
     return weights
 
 
@@ -293,6 +306,8 @@ class _Decoder:
             projected = self.fused_linear(h, [p + f"self_attn.{kind}_proj" for kind, _ in kinds])
             for (kind, count), y in zip(kinds, projected):
                 y = g.op("Reshape", [y, self.const("shape", np.array([0, 0, count, d], np.int64))])
+                if s.qk_norm and kind != "v":  # Qwen3: RMSNorm over each head's channels
+                    y = self.rms_norm(y, p + f"self_attn.{kind}_norm.weight")
                 heads[kind] = g.op("Transpose", [y], perm=[0, 2, 1, 3])  # [batch, heads, seq, dim]
             q, k = self.rotate(heads["q"], cos, sin), self.rotate(heads["k"], cos, sin)
             past_k, past_v = f"past_key_values.{n}.key", f"past_key_values.{n}.value"
@@ -309,7 +324,7 @@ class _Decoder:
             attended = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v5])
             attended = g.op("Reshape", [attended, self.const("shape", np.array([0, s.heads, -1, d], np.int64))])
             attended = g.op("Reshape", [g.op("Transpose", [attended], perm=[0, 2, 1, 3]),
-                                        self.const("shape", np.array([0, 0, s.hidden], np.int64))])
+                                        self.const("shape", np.array([0, 0, s.heads * d], np.int64))])
             x = g.op("Add", [x, self.linear(attended, p + "self_attn.o_proj")])
             h = self.rms_norm(x, p + "post_attention_layernorm.weight")
             gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])

@@ -25,7 +25,7 @@ from edge_runtime.tokenizer_zoo import write_tokenizer_files
 
 @dataclass(frozen=True)
 class DecoderSpec:
-    arch: str = "qwen2"  # "qwen2" or "llama"
+    arch: str = "qwen2"  # "qwen2", "qwen3" or "llama"
     hidden: int = 64
     layers: int = 2
     heads: int = 4
@@ -37,12 +37,14 @@ class DecoderSpec:
     seed: int = 0
     # Llama 3's rope scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
     llama3_rope: tuple[float, float, float, int] | None = None
+    head_dim: int = 0  # qwen3: its own head size (0: hidden / heads)
 
     @property
     def key(self) -> str:
         fields = asdict(self)
-        if fields["llama3_rope"] is None:  # keys of specs from before the field stay as they were
-            del fields["llama3_rope"]
+        for name, unset in (("llama3_rope", None), ("head_dim", 0)):
+            if fields[name] == unset:  # keys of specs from before the field stay as they were
+                del fields[name]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -70,7 +72,8 @@ def hf_folder(spec: DecoderSpec, root: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    bos, eos = write_tokenizer_files(tmp, spec.vocab, spec.arch, seed=spec.seed, max_positions=spec.max_positions)
+    style = "llama" if spec.arch == "llama" else "qwen2"  # Qwen3 keeps Qwen2's ChatML tokenizer
+    bos, eos = write_tokenizer_files(tmp, spec.vocab, style, seed=spec.seed, max_positions=spec.max_positions)
     common = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, num_hidden_layers=spec.layers,
                   num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
                   intermediate_size=spec.intermediate, max_position_embeddings=spec.max_positions,
@@ -78,6 +81,10 @@ def hf_folder(spec: DecoderSpec, root: Path) -> Path:
     if spec.arch == "qwen2":
         config = transformers.Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **common)
         cls = transformers.Qwen2ForCausalLM
+    elif spec.arch == "qwen3":  # q/k norms, no q/k/v biases, a head size of its own
+        config = transformers.Qwen3Config(tie_word_embeddings=True, rope_theta=10000.0,
+                                          head_dim=spec.head_dim or spec.hidden // spec.heads, **common)
+        cls = transformers.Qwen3ForCausalLM
     elif spec.arch == "llama":
         scaling = None if spec.llama3_rope is None else dict(zip(
             ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), spec.llama3_rope),
@@ -85,7 +92,7 @@ def hf_folder(spec: DecoderSpec, root: Path) -> Path:
         config = transformers.LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=scaling, **common)
         cls = transformers.LlamaForCausalLM
     else:
-        raise ValueError(f"unknown arch {spec.arch!r}: expected 'qwen2' or 'llama'")
+        raise ValueError(f"unknown arch {spec.arch!r}: expected 'qwen2', 'qwen3' or 'llama'")
     torch.manual_seed(spec.seed)
     model = cls(config).eval()
     _perturb(model, spec.seed)

@@ -341,3 +341,35 @@ def test_a_llama3_scaled_rope_export_is_rebuilt_with_its_scaling(tmp_path: Path)
             assert list(model.generate(prompt=ids, max_tokens=24).token_ids) == oracle_greedy(export, ids, 24, eos)
         finally:
             model.close()
+
+
+def test_a_qwen3_export_is_rebuilt_with_its_head_size_and_qk_norms(tmp_path: Path) -> None:
+    """Qwen3: head_dim 32 with hidden 64 over 4 heads (not hidden / heads), an RMSNorm over each query and
+    key head; the export rebuilt, and our builder's graphs of its checkpoint (fused and plain), decode the
+    export's no-cache tokens and transformers' own."""
+    import torch
+    import transformers
+
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+    from generation_fixtures import models_root
+    from hf_decoders import DecoderSpec, hf_folder, optimum_folder
+
+    spec = DecoderSpec(arch="qwen3", hidden=64, layers=2, heads=4, kv_heads=2, vocab=512, max_positions=256,
+                       head_dim=32, seed=11)
+    export = optimum_folder(spec, models_root())
+    hf = hf_folder(spec, models_root())
+    ids = [int(t) for t in np.random.default_rng(4).integers(3, 500, 40)]
+    with torch.no_grad():
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    expected = out[0, len(ids):].tolist()
+    assert expected == oracle_greedy(export, ids, 20, set())  # the export is the checkpoint's
+    built = [decoder_folder_from_hf(hf, tmp_path / f"built-{fused}", fused=fused) for fused in (True, False)]
+    for folder in (export, *built):
+        served = _model(folder, tmp_path, max_batch_size=2)
+        try:
+            assert served.folder.kv_in_place == (folder != built[1])
+            assert list(served.generate(prompt=ids, max_tokens=20, ignore_eos=True).token_ids) == expected
+        finally:
+            served.close()
