@@ -22,9 +22,10 @@ TARGETS = ("ncnn", "ncnn_vulkan", "onnx")
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, help="ONNX model file (--to onnx: a transformers VLM checkpoint folder)")
+    parser.add_argument("model", type=Path, help="ONNX model file (--to onnx: a transformers checkpoint folder)")
     parser.add_argument("--to", choices=TARGETS, default="ncnn",
-                        help="target engine (default ncnn); onnx: a VLM checkpoint to the transformers.js layout")
+                        help="target engine (default ncnn); onnx: a VLM checkpoint to the transformers.js layout, "
+                             "a Qwen2/Qwen3/Llama text checkpoint to our fused decoder folder")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="--to onnx: the folder to write")
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
                         help="input NAME's full shape, batch first (repeatable); dynamic dims default "
@@ -38,8 +39,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
                              "without ONNX Runtime's contrib ops) instead of ONNX Runtime's fused "
                              "MultiHeadAttention / GroupQueryAttention, the fast forms on the CPU (default)")
     parser.add_argument("--quantize", action="store_true",
-                        help="--to onnx: also write onnx/vision_encoder_quantized.onnx and "
-                             "onnx/decoder_model_merged_quantized.onnx (dynamic int8 MatMuls: q8) and "
+                        help="--to onnx (a VLM): also write onnx/vision_encoder_quantized.onnx and "
+                             "onnx/decoder_model_merged_quantized.onnx (int8 MatMuls: q8) and "
                              "onnx/decoder_model_merged_{q4,int8}.onnx (weight-only MatMulNBits); pick them per "
                              "model with [vision] precision")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -70,6 +71,8 @@ def run_vlm_convert(args: argparse.Namespace) -> int:
         print(f"edge-runtime convert: {args.model} is not a folder; --to onnx expects a transformers checkpoint "
               "folder (config.json + model.safetensors)", file=sys.stderr)
         return 2
+    if is_text_checkpoint(args.model):
+        return run_text_convert(args)
     try:
         out = convert_vlm_folder(args.model, args.out, fp16=args.precision == "fp16",
                                  fused=not args.portable_attention, quantize=args.quantize)
@@ -77,6 +80,46 @@ def run_vlm_convert(args: argparse.Namespace) -> int:
         print(f"edge-runtime convert: {exc}", file=sys.stderr)
         return 1
     files = sorted(str(p.relative_to(out)) for p in (out / "onnx").iterdir())
+    if args.json:
+        print(json.dumps({"model": str(args.model), "to": "onnx", "folder": str(out), "files": files}, indent=2))
+    else:
+        print(f"{args.model} -> {out} ({', '.join(files)})")
+    return 0
+
+
+def is_text_checkpoint(folder: Path) -> bool:
+    """A checkpoint folder whose ``config.json`` names a text decoder family our builder writes."""
+    from edge_runtime.decoder_zoo import FAMILIES
+
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") in FAMILIES
+    except (OSError, ValueError):
+        return False  # the VLM path says what is wrong with the folder
+
+
+def run_text_convert(args: argparse.Namespace) -> int:
+    """``convert CHECKPOINT --to onnx --out DIR`` for a Qwen2/Qwen3/Llama text checkpoint: our fused
+    decoder folder (``decoder_zoo.decoder_folder_from_hf``); quantize it with ``edge-runtime quantize``."""
+    from edge_runtime.decoder_zoo import decoder_folder_from_hf
+    from edge_runtime.errors import EdgeRuntimeError
+
+    refused = [flag for flag, given in (("--quantize", args.quantize), ("--precision fp16", args.precision == "fp16"))
+               if given]
+    if refused:
+        print(f"edge-runtime convert: {' and '.join(refused)} apply to vision-language checkpoints; a text "
+              f"decoder is written in fp32 and quantized with `edge-runtime quantize {args.out} --mode int4|int8`",
+              file=sys.stderr)
+        return 2
+    if args.out.resolve() == args.model.resolve():
+        print(f"edge-runtime convert: --out {args.out} is the checkpoint folder itself; choose a new folder",
+              file=sys.stderr)
+        return 2
+    try:
+        out = decoder_folder_from_hf(args.model, args.out, fused=not args.portable_attention)
+    except (EdgeRuntimeError, ValueError) as exc:
+        print(f"edge-runtime convert: {exc}", file=sys.stderr)
+        return 1
+    files = sorted(p.name for p in out.iterdir())
     if args.json:
         print(json.dumps({"model": str(args.model), "to": "onnx", "folder": str(out), "files": files}, indent=2))
     else:

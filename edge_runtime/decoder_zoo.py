@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -372,18 +373,23 @@ def _graph(shape: DecoderShape, weights: dict[str, np.ndarray], fused: bool) -> 
 
 
 def decoder_folder_from_hf(hf_folder: Path, out: Path, *, fused: bool = True) -> Path:
-    """Our graph for a Hugging Face Qwen2/Llama folder (``config.json`` + ``model.safetensors``), no torch.
+    """Our graph for a Hugging Face Qwen2/Qwen3/Llama folder (``config.json`` + ``model.safetensors`` or its
+    shards; float32, float16 or bfloat16), no torch.
 
     The leaner alternative to an ``optimum`` export (about half the nodes once ONNX Runtime has
     optimised both: no shape subgraphs, grouped-query attention without repeated K/V), written
-    with the same inputs and outputs. Needs the ``safetensors`` package. Tokenizer and
-    generation files are copied. ``fused`` (default): the ``decoder_fused`` graph (GroupQueryAttention,
-    KV appended in place; measured faster, same greedy tokens) where ONNX Runtime can run it for the
-    shape (``decoder_fused.unfusable``), else the plain-ONNX one; ``fused=False``: always the plain one.
+    with the same inputs and outputs. Tokenizer and generation files are copied. ``fused``
+    (default): the ``decoder_fused`` graph (GroupQueryAttention, KV appended in place; measured
+    faster, same greedy tokens) where ONNX Runtime can run it for the shape
+    (``decoder_fused.unfusable``), else the plain-ONNX one; ``fused=False``: always the plain one.
+    Weights are read as the builder uses them and written straight to ``model.onnx.data``
+    (``model_zoo.external_weights``), so a multi-GB checkpoint is never held whole in memory.
+    ValueError names what this builder cannot reproduce (``shape_from_config``).
     """
     import shutil
 
-    from safetensors.numpy import load_file
+    from edge_runtime.model_zoo import external_weights
+    from edge_runtime.vision_convert import read_checkpoint
 
     hf_folder, out = Path(hf_folder), Path(out)
     config = json.loads((hf_folder / "config.json").read_text())
@@ -391,17 +397,36 @@ def decoder_folder_from_hf(hf_folder: Path, out: Path, *, fused: bool = True) ->
         shape = shape_from_config(config)
     except ValueError as exc:
         raise ValueError(f"{hf_folder}: {exc}") from None
-    weights = {k: np.asarray(v, np.float32) for k, v in load_file(str(hf_folder / "model.safetensors")).items()}
+    weights = read_checkpoint(hf_folder)  # float32 on access
     if config.get("tie_word_embeddings"):
-        weights.pop("lm_head.weight", None)
+        weights = _Without(weights, "lm_head.weight")
     out.mkdir(parents=True, exist_ok=True)
-    onnx.save(_graph(shape, weights, fused), str(out / "model.onnx"), save_as_external_data=True,
-              location="model.onnx.data")
+    with external_weights(out / "model.onnx.data"):
+        graph = _graph(shape, weights, fused)
+    onnx.save(graph, str(out / "model.onnx"))
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "chat_template.jinja", "special_tokens_map.json"):
         if (hf_folder / name).is_file():
             shutil.copyfile(hf_folder / name, out / name)
     return out
+
+
+class _Without(Mapping):
+    """``weights`` without ``name`` (a tied checkpoint's stored copy of its head)."""
+
+    def __init__(self, weights: Mapping, name: str) -> None:
+        self.weights, self.name = weights, name
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key == self.name:
+            raise KeyError(key)
+        return self.weights[key]
+
+    def __iter__(self):
+        return (k for k in self.weights if k != self.name)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def write_decoder_folder(folder: Path, shape: DecoderShape, seed: int = 0, std: float = 0.2, *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,37 @@ def test_prefill_asks_for_the_last_positions_logits_only(fused: bool, tmp_path: 
     settings = GenerationSettings()
     assert settings.chunk_tokens(False, description.prefill_logits_vocab) == settings.idle_prefill_chunk_tokens
     assert settings.chunk_tokens(False, 151_936) == settings.prefill_chunk_tokens  # a graph giving every position
+
+
+def test_convert_writes_a_text_checkpoint_in_bf16_shards_as_our_fused_folder(hf_model_folder: Path,
+                                                                              tmp_path: Path) -> None:
+    """``edge-runtime convert CHECKPOINT --to onnx --out DIR`` on a text checkpoint saved as bfloat16 in
+    shards (how released checkpoints come): the folder generates what transformers generates from the
+    same checkpoint (its weights read as float32); the flags that belong to VLMs are refused."""
+    import torch
+    import transformers
+
+    from edge_runtime.cli import main
+    from edge_runtime.generation.folder import read_folder
+    from generation_fixtures import make_model
+
+    checkpoint = tmp_path / "bf16"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_model_folder)
+    hf.to(torch.bfloat16).save_pretrained(checkpoint, max_shard_size="100KB")
+    for item in hf_model_folder.iterdir():
+        if item.suffix in (".json", ".jinja") and not (checkpoint / item.name).exists():
+            shutil.copy2(item, checkpoint / item.name)
+    assert (checkpoint / "model.safetensors.index.json").is_file()
+    assert main(["convert", str(checkpoint), "--to", "onnx", "--out", str(tmp_path / "out")]) == 0
+    assert read_folder(tmp_path / "out").kv_in_place
+    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32).eval()
+    ids = list(range(5, 45))
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    model = make_model(tmp_path / "out")
+    try:
+        assert list(model.generate(prompt=ids, max_tokens=16, ignore_eos=True).token_ids) == out[0, len(ids):].tolist()
+    finally:
+        model.close()
+    assert main(["convert", str(checkpoint), "--to", "onnx", "--out", str(tmp_path / "q"), "--quantize"]) == 2
