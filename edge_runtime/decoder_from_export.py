@@ -28,6 +28,7 @@ scalings (YaRN, dynamic NTK ...), sliding windows and other families keep the ex
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -57,30 +58,38 @@ def export_shape(config: dict[str, Any]) -> Any:
 
 
 class _Weights:
-    """The export's parameters by Hugging Face name (see the module docstring for how they are found)."""
+    """The export's parameters by Hugging Face name (see the module docstring for how they are found):
+    each as its [out, in] shape, known from the graph alone, and a loader that reads it (from external
+    data under ``base_dir`` where the export keeps it there) only when the builder asks."""
 
-    def __init__(self, proto: Any) -> None:
+    def __init__(self, proto: Any, base_dir: str = "") -> None:
+        self.base_dir = base_dir
         self.initializers = {t.name: t for t in proto.graph.initializer}
         self.nodes = {n.name: n for n in proto.graph.node}
         self.transposed = {n.output[0]: n.input[0] for n in proto.graph.node  # Transpose(parameter) -> parameter
                            if n.op_type == "Transpose" and n.input[0] in self.initializers
                            and [list(a.ints) for a in n.attribute if a.name == "perm"] in ([], [[1, 0]])}
 
-    def array(self, name: str) -> np.ndarray:
-        from onnx import TensorProto, numpy_helper
+    def dims(self, name: str) -> tuple[int, ...]:
+        from onnx import TensorProto
 
         tensor = self.initializers[name]
         if tensor.data_type != TensorProto.FLOAT:
             raise NotFusable(f"{name} is {TensorProto.DataType.Name(tensor.data_type)}, not float32 "
                              "(the rebuild takes float32 exports)")
-        return numpy_helper.to_array(tensor)
+        return tuple(tensor.dims)
 
-    def named(self, name: str) -> np.ndarray:
+    def array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self.initializers[name], self.base_dir)
+
+    def named(self, name: str) -> tuple[tuple[int, ...], Callable[[], Any]]:
         if name not in self.initializers:
             raise NotFusable(f"no initializer {name!r}")
-        return self.array(name)
+        return self.dims(name), lambda: self.array(name)
 
-    def linear(self, module: str) -> Any:
+    def linear(self, module: str) -> tuple[tuple[int, ...], Callable[[], Any]]:
         """The ``[out, in]`` weight of the linear layer ``module`` (``model.layers.0.self_attn.q_proj``): an
         array, or a ``decoder_zoo.NBitsWeight`` where the export's quantizer made it a ``MatMulNBits``
         (onnxruntime's ``MatMulNBitsQuantizer`` names the node ``<MatMul's name>_Q<bits>``)."""
@@ -97,13 +106,13 @@ class _Weights:
                                                                  if kinds else ""))
         weight = node.input[1]
         if weight in self.initializers:
-            return np.ascontiguousarray(self.array(weight).T)
+            return self.dims(weight)[::-1], lambda: np.ascontiguousarray(self.array(weight).T)
         if weight in self.transposed:
-            return self.array(self.transposed[weight])
+            return self.named(self.transposed[weight])
         raise NotFusable(f"{path}/MatMul's weight {weight!r} is not a constant")
 
-    def nbits(self, node: Any) -> Any:
-        from onnx import TensorProto, helper, numpy_helper
+    def nbits(self, node: Any) -> tuple[tuple[int, ...], Callable[[], Any]]:
+        from onnx import TensorProto, helper
 
         from edge_runtime.decoder_zoo import NBitsWeight
 
@@ -115,22 +124,44 @@ class _Weights:
         scales = self.initializers[inputs[2]]
         if scales.data_type != TensorProto.FLOAT:
             raise NotFusable(f"{node.name}: scales are {TensorProto.DataType.Name(scales.data_type)}, not float32")
-        packed = numpy_helper.to_array(self.initializers[inputs[1]])
-        n = int(attributes["N"])
-        zero_points = numpy_helper.to_array(self.initializers[inputs[3]]).reshape(n, -1) if inputs[3] else None
-        return NBitsWeight(packed, numpy_helper.to_array(scales).reshape(n, -1), zero_points, int(attributes["K"]),
-                           int(attributes.get("bits", 4)), int(attributes["block_size"]),
-                           int(attributes.get("accuracy_level", 0)))
+        n, k = int(attributes["N"]), int(attributes["K"])
 
-    def bias(self, module: str) -> np.ndarray | None:
+        def load() -> NBitsWeight:
+            zero_points = self.array(inputs[3]).reshape(n, -1) if inputs[3] else None
+            return NBitsWeight(self.array(inputs[1]), self.array(inputs[2]).reshape(n, -1), zero_points, k,
+                               int(attributes.get("bits", 4)), int(attributes["block_size"]),
+                               int(attributes.get("accuracy_level", 0)))
+        return (n, k), load
+
+    def bias(self, module: str) -> tuple[tuple[int, ...], Callable[[], Any]] | None:
         name = module + ".bias"
-        return self.array(name) if name in self.initializers else None
+        return self.named(name) if name in self.initializers else None
 
 
-def export_weights(proto: Any, shape: Any, tied: bool) -> dict[str, np.ndarray]:
-    """Hugging Face-named float32 weights of the export ``proto`` (external data loaded); NotFusable
-    naming the first parameter that is missing, not float32 or not of the shape ``shape`` says."""
-    found = _Weights(proto)
+class _Lazy(Mapping):
+    """Weights by name, each read from the export when the builder asks for it (not kept)."""
+
+    def __init__(self, loaders: dict[str, Callable[[], Any]]) -> None:
+        self.loaders = loaders
+
+    def __getitem__(self, name: str) -> Any:
+        return self.loaders[name]()
+
+    def __contains__(self, name: object) -> bool:  # without reading the weight
+        return name in self.loaders
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.loaders)
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+
+def export_weights(proto: Any, shape: Any, tied: bool, base_dir: str = "") -> Mapping[str, Any]:
+    """Hugging Face-named weights of the export ``proto`` (float32 arrays, or ``NBitsWeight``s), read on
+    access (external data from ``base_dir``); NotFusable, before anything is read, naming the first
+    parameter that is missing, not float32 or not of the shape ``shape`` says."""
+    found = _Weights(proto, base_dir)
     kv = shape.kv_heads * shape.head_dim
     expected = {"model.embed_tokens.weight": (shape.vocab, shape.hidden), "model.norm.weight": (shape.hidden,)}
     for n in range(shape.layers):
@@ -149,22 +180,24 @@ def export_weights(proto: Any, shape: Any, tied: bool) -> dict[str, np.ndarray]:
                              p + "self_attn.k_norm.weight": (shape.head_dim,)})
     if not tied:
         expected["lm_head.weight"] = (shape.vocab, shape.hidden)
-    weights: dict[str, np.ndarray] = {}
+    loaders: dict[str, Callable[[], Any]] = {}
     for name, dims in expected.items():
         module = name[: -len(".weight")]
-        value = found.linear(module) if module.endswith("_proj") or module == "lm_head" else found.named(name)
-        if value.shape != dims:
-            raise NotFusable(f"{name} is {list(value.shape)}, config.json implies {list(dims)}")
-        weights[name] = value
+        found_dims, loaders[name] = (found.linear(module) if module.endswith("_proj") or module == "lm_head"
+                                     else found.named(name))
+        if tuple(found_dims) != dims:
+            raise NotFusable(f"{name} is {list(found_dims)}, config.json implies {list(dims)}")
         if module.endswith("_proj"):
             bias = found.bias(module)
             if bias is not None:
-                weights[module + ".bias"] = bias
-    return weights
+                loaders[module + ".bias"] = bias[1]
+    return _Lazy(loaders)
 
 
-def fused_from_export(proto: Any, config: dict[str, Any]) -> Any:
-    """``decoder_fused``'s graph with the weights of the export ``proto``; NotFusable says why not."""
+def fused_from_export(proto: Any, config: dict[str, Any], base_dir: str = "") -> Any:
+    """``decoder_fused``'s graph with the weights of the export ``proto`` (its external data, if not
+    loaded, read from ``base_dir`` as the builder goes; inside ``model_zoo.external_weights`` the graph's
+    own weights go straight to a file: about one tensor in memory); NotFusable says why not."""
     from edge_runtime.decoder_fused import build_fused_decoder
 
     shape = export_shape(config)
@@ -174,7 +207,7 @@ def fused_from_export(proto: Any, config: dict[str, Any]) -> Any:
     other = sorted(found & _OTHER_QUANTIZATION)
     if other:
         raise NotFusable(f"its weights are quantized with {', '.join(other)} (only MatMulNBits weights are rebuilt)")
-    weights = export_weights(proto, shape, bool(config.get("tie_word_embeddings", False)))
+    weights = export_weights(proto, shape, bool(config.get("tie_word_embeddings", False)), base_dir)
     try:
         return build_fused_decoder(shape, weights)
     except ValueError as exc:  # q/k/v biases on some projections only

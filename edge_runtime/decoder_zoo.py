@@ -422,6 +422,9 @@ class _Without(Mapping):
             raise KeyError(key)
         return self.weights[key]
 
+    def __contains__(self, key: object) -> bool:  # without decoding the weight
+        return key != self.name and key in self.weights
+
     def __iter__(self):
         return (k for k in self.weights if k != self.name)
 

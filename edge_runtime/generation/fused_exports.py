@@ -94,13 +94,17 @@ def _checked_pair(export_path: Path, work: Path, export: Any, fused: Any) -> tup
               if a.name == "accuracy_level"}
     if not levels - {0}:
         return str(export_path), str(work / MODEL_FILE)
-    paths = []
-    for name, proto in (("check-export.onnx", export), ("check-fused.onnx", fused)):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(proto)
-        onnx.save(set_accuracy_level(copy, 0), str(work / name), save_as_external_data=True, location=name + ".data")
-        paths.append(str(work / name))
-    return paths[0], paths[1]
+    # the export's copy takes its (quantized: small) weights along; the rebuild's keeps pointing at its data
+    # file in ``work``, beside which the copy is written
+    copy = onnx.ModelProto()
+    copy.CopyFrom(export)
+    onnx.load_external_data_for_model(copy, str(export_path.parent))
+    onnx.save(set_accuracy_level(copy, 0), str(work / "check-export.onnx"), save_as_external_data=True,
+              location="check-export.onnx.data")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(fused)
+    onnx.save(set_accuracy_level(copy, 0), str(work / "check-fused.onnx"))
+    return str(work / "check-export.onnx"), str(work / "check-fused.onnx")
 
 
 def _rebuild(folder: DecoderFolder, target: Path) -> None:
@@ -109,15 +113,19 @@ def _rebuild(folder: DecoderFolder, target: Path) -> None:
     import onnx
 
     from edge_runtime.decoder_from_export import NotFusable, fused_from_export, same_logits
+    from edge_runtime.model_zoo import external_weights
 
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         config = read_json(folder.path / "config.json")
         try:
-            export = onnx.load(str(folder.model_path))
-            fused = fused_from_export(export, config)
-            onnx.save(fused, str(work / MODEL_FILE), save_as_external_data=True, location=MODEL_FILE + ".data")
+            # the export's weights are read one at a time as the builder takes them, and the rebuild's are
+            # written to its data file as they are made: about one tensor in memory, whatever the model
+            export = onnx.load(str(folder.model_path), load_external_data=False)
+            with external_weights(work / (MODEL_FILE + ".data")):
+                fused = fused_from_export(export, config, str(folder.model_path.parent))
+            onnx.save(fused, str(work / MODEL_FILE))
             difference = same_logits(*_checked_pair(folder.model_path, work, export, fused), folder.vocab_size)
             del export, fused
         except NotFusable as exc:

@@ -273,7 +273,7 @@ def test_quantizing_an_export_quantizes_its_fused_rebuild(qwen_folder: Path, tmp
 @pytest.fixture(scope="module")
 def community_folder(qwen_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The export in the onnx-community / transformers.js layout: configs and tokenizer at the top, the
-    graph under ``onnx/`` in fp32 and as MatMulNBits int4 (``model_q4.onnx``)."""
+    graph under ``onnx/`` in fp32 (weights in ``model.onnx_data``) and as MatMulNBits int4 (``model_q4.onnx``)."""
     import onnx
 
     from edge_runtime.optimize.decoder_quant import matmul_nbits
@@ -283,7 +283,9 @@ def community_folder(qwen_folder: Path, tmp_path_factory: pytest.TempPathFactory
     for item in qwen_folder.iterdir():
         if item.name != "model.onnx":
             shutil.copy2(item, folder / item.name)
-    shutil.copy2(qwen_folder / "model.onnx", folder / "onnx" / "model.onnx")
+    # fp32 with its weights in model.onnx_data, as onnx-community ships it (the rebuild reads them from there)
+    onnx.save(onnx.load(str(qwen_folder / "model.onnx")), str(folder / "onnx" / "model.onnx"),
+              save_as_external_data=True, location="model.onnx_data", size_threshold=0)
     onnx.save(matmul_nbits(onnx.load(str(qwen_folder / "model.onnx")), 4, 32, 4), str(folder / "onnx" / "model_q4.onnx"))
     return folder
 
