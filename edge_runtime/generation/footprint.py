@@ -95,7 +95,7 @@ def planned_footprint(path: Path, settings: GenerationSettings, footprint_factor
         folder = read_vlm_folder(path, vision).decoder
         image_cache = (vision or VisionSettings()).feature_cache_bytes
     else:
-        folder = text_decoder(path, settings, cache_dir)
+        folder = text_decoder(path, settings, cache_dir)[0]
     kv = kv_buffer_bytes(folder, decode_rows(folder, settings.max_batch_size), kv_positions(folder, settings))
     return GenerationFootprint(int(folder.weight_bytes * footprint_factor), kv, settings.prefix_cache_bytes,
                                image_cache)

@@ -37,16 +37,14 @@ VERSION = 2  # of the rebuild: a change to decoder_fused/decoder_from_export tha
 DONE, REFUSED = "fused.json", "refused.json"
 
 
-def text_decoder(path: Path, settings: GenerationSettings, cache_dir: Path | None = None) -> DecoderFolder:
+def text_decoder(path: Path, settings: GenerationSettings,
+                 cache_dir: Path | None = None) -> tuple[DecoderFolder, str]:
     """The description of the text decoder folder ``path`` the engine runs under ``settings`` (the one rule
-    ``GenerativeModel`` and the memory budget's footprint both follow); ``cache_dir`` default: the
-    runtime's (``$EDGE_RUNTIME_CACHE``)."""
+    ``GenerativeModel`` and the memory budget's footprint both follow), and why (for a log line);
+    ``cache_dir`` default: the runtime's (``$EDGE_RUNTIME_CACHE``)."""
     from edge_runtime.config import default_cache_dir
 
-    folder, why = fused_export(read_folder(path, settings.precision), settings.fuse_exports,
-                               cache_dir or default_cache_dir())
-    log.info("%s: %s", path, why)
-    return folder
+    return fused_export(read_folder(path, settings.precision), settings.fuse_exports, cache_dir or default_cache_dir())
 
 
 def export_key(folder: DecoderFolder) -> str:

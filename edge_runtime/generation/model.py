@@ -183,7 +183,10 @@ class GenerativeModel:
                 self.vlm, self.folder, self.engine = parts.folder, parts.folder.decoder, parts.engine
                 self.prompter = parts.prompter
             else:
-                self.folder = own or text_decoder(self.path, self.settings, cache_dir)
+                if own is None:
+                    own, why = text_decoder(self.path, self.settings, cache_dir)
+                    log.info("generative model %s: %s", name, why)
+                self.folder = own
                 self.engine = DecoderEngine(self.folder, threads=threads, max_batch=self.settings.max_batch_size,
                                             flush_denormals=self.settings.flush_denormals,
                                             max_len=kv_positions(self.folder, self.settings))

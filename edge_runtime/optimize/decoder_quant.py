@@ -196,7 +196,8 @@ def quantize_decoder(folder: Path, out: Path, mode: str, *, block_size: int = DE
     if out.resolve() == folder.resolve():
         raise InvalidInputError(f"quantize: --out must be a new folder, not the source folder {folder}")
     # a ModelLoadError naming what is missing when it is not a decoder
-    description = text_decoder(folder, GenerationSettings(), cache_dir)
+    description, why = text_decoder(folder, GenerationSettings(), cache_dir)
+    log.info("quantize %s: the source graph: %s", folder, why)
     bits = DECODER_MODES[mode]
     models: dict[str, Any] = {}
     total = 0
