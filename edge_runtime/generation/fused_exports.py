@@ -6,7 +6,7 @@
 logits), checks that the rebuilt graph's logits equal the export's (``same_logits``: a prompt and
 a decode step) and keeps it in the cache (``<cache>/fused-exports/<key>/``), keyed by the export's
 files (path, size, modification time), its ``config.json`` and the rebuild's version, so later
-loads reuse it. An export that cannot be rebuilt (``NotFusable``: another family, quantized
+loads reuse it; a new rebuild of an export removes the earlier ones of the same file. An export that cannot be rebuilt (``NotFusable``: another family, quantized
 or fp16 weights, rope scaling, logits that differ) is served as it is, and the reason is logged
 once and kept beside the key so the check is not repeated at every load.
 
@@ -105,6 +105,22 @@ def _checked_pair(export_path: Path, work: Path, export: Any, fused: Any) -> tup
     return str(work / "check-export.onnx"), str(work / "check-fused.onnx")
 
 
+def _drop_stale(kept: Path, source: Path) -> None:
+    """Remove the cache's other entries for ``source`` (an export since changed, or an older rebuild
+    version): a phone keeps one rebuild per export, not one per edit of it."""
+    for entry in kept.parent.iterdir():
+        if entry == kept or not entry.is_dir():
+            continue
+        record = next((entry / name for name in (DONE, REFUSED) if (entry / name).is_file()), None)
+        try:
+            stale = record is not None and json.loads(record.read_text()).get("source") == str(source)
+        except (OSError, ValueError):
+            stale = False
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            log.info("%s: removed %s, an earlier rebuild of the same export", kept, entry.name)
+
+
 def _rebuild(folder: DecoderFolder, target: Path) -> None:
     """Write the rebuild (or the reason there is none) to ``target``, atomically: a build goes to a
     temporary folder beside it and is renamed; a concurrent load that got there first wins."""
@@ -129,16 +145,19 @@ def _rebuild(folder: DecoderFolder, target: Path) -> None:
         except NotFusable as exc:
             for stale in work.iterdir():
                 stale.unlink()
-            (work / REFUSED).write_text(json.dumps({"reason": f"served as exported, not rebuilt as the fused "
+            (work / REFUSED).write_text(json.dumps({"source": str(folder.model_path.resolve()), "version": VERSION,
+                                                    "reason": f"served as exported, not rebuilt as the fused "
                                                               f"graph: {exc}"}))
         else:
             for check in work.glob("check-*"):
                 check.unlink()
-            (work / DONE).write_text(json.dumps({"source": str(folder.model_path), "version": VERSION,
+            (work / DONE).write_text(json.dumps({"source": str(folder.model_path.resolve()), "version": VERSION,
                                                  "logit_difference": difference}))
         try:
             os.replace(work, target)
         except OSError:  # another load finished first: use its result
             pass
+        else:
+            _drop_stale(target, folder.model_path.resolve())
     finally:
         shutil.rmtree(work, ignore_errors=True)

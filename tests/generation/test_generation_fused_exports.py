@@ -107,6 +107,9 @@ def test_the_rebuild_is_cached_and_follows_the_export(onnx_folder: Path, tmp_pat
     (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
     changed, _ = fused_export(read_folder(folder), True, tmp_path / "cache")
     assert changed.model_path != first.model_path and changed.kv_in_place
+    assert not first.model_path.exists()  # the earlier rebuild of the same export is gone
+    other, _ = fused_export(read_folder(onnx_folder), True, tmp_path / "cache")  # another export's stays
+    assert other.model_path.exists() and changed.model_path.exists()
 
 
 def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_folder: Path, tmp_path: Path) -> None:
