@@ -1,14 +1,16 @@
 """An ``optimum`` text decoder export served as our fused graph: rebuilt once, checked, cached.
 
-``[generation] fuse_exports = true`` (the default): loading a folder whose ``model.onnx`` is an
-``optimum`` / onnx-community export of a Qwen2 or Llama decoder rebuilds it with
-``decoder_from_export`` (GroupQueryAttention, KV appended in place, last-position prefill
-logits), checks that the rebuilt graph's logits equal the export's (``same_logits``: a prompt and
-a decode step) and keeps it in the cache (``<cache>/fused-exports/<key>/``), keyed by the export's
-files (path, size, modification time), its ``config.json`` and the rebuild's version, so later
-loads reuse it; a new rebuild of an export removes the earlier ones of the same file. An export that cannot be rebuilt (``NotFusable``: another family, quantized
-or fp16 weights, rope scaling, logits that differ) is served as it is, and the reason is logged
-once and kept beside the key so the check is not repeated at every load.
+``[generation] fuse_exports = true`` (the default): loading a folder whose graph is an ``optimum`` /
+onnx-community export of a Qwen2, Qwen3 or Llama decoder rebuilds it with ``decoder_from_export``
+(GroupQueryAttention, KV appended in place, last-position prefill logits), checks that the rebuilt
+graph's logits equal the export's (``same_logits``: a prompt and a decode step) and keeps it in the
+cache (``<cache>/fused-exports/<key>/``), keyed by the export's files (path, size, modification
+time), its ``config.json`` and the rebuild's version, so later loads reuse it; a new rebuild of an
+export removes the earlier ones of the same file. An export that cannot be rebuilt (``NotFusable``:
+another family, dynamic-int8 or fp16 weights, a rope scaling other than Llama 3's, logits that
+differ) is served as it is, and the reason is logged and kept beside the key so the check is not
+repeated at every load. A rebuild that fails otherwise (a full disk, a read-only cache, a bug) is
+not kept: the export is served as it is, with a warning, and the next load tries again.
 
 The folder stays the user's: tokenizer, chat template and generation config are read from it;
 only the graph the engine runs changes. The memory budget charges the export's files (the same
@@ -67,7 +69,12 @@ def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple
         return folder, "its graph is already fused (GroupQueryAttention)"
     target = Path(cache_dir) / CACHE_SUBDIR / export_key(folder)
     if not (target / DONE).is_file() and not (target / REFUSED).is_file():
-        _rebuild(folder, target)
+        try:
+            _rebuild(folder, target)
+        except Exception as exc:  # noqa: BLE001  (onnx, onnxruntime and the file system raise their own)
+            log.warning("%s: served as exported; rebuilding it as the fused graph failed: %s: %s",
+                        folder.model_path, type(exc).__name__, exc)
+            return folder, f"served as exported: the rebuild failed ({type(exc).__name__}: {exc})"
     if (target / REFUSED).is_file():
         return folder, read_json(target / REFUSED).get("reason", "refused")
     fused = describe_decoder(folder.path, target / MODEL_FILE, read_json(folder.path / "config.json"),

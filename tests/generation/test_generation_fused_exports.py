@@ -378,3 +378,23 @@ def test_a_qwen3_export_is_rebuilt_with_its_head_size_and_qk_norms(tmp_path: Pat
             assert list(served.generate(prompt=ids, max_tokens=20, ignore_eos=True).token_ids) == expected
         finally:
             served.close()
+
+
+def test_a_rebuild_that_fails_serves_the_export_and_is_tried_again(qwen_folder: Path, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    import edge_runtime.decoder_from_export as rebuild
+    from edge_runtime.generation.folder import read_folder
+    from edge_runtime.generation.fused_exports import fused_export
+
+    export = read_folder(qwen_folder)
+    real = rebuild.fused_from_export
+
+    def broken(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rebuild, "fused_from_export", broken)
+    served, why = fused_export(export, True, tmp_path / "cache")
+    assert served == export and "rebuild failed (OSError" in why and "No space left" in why
+    monkeypatch.setattr(rebuild, "fused_from_export", real)
+    served, why = fused_export(export, True, tmp_path / "cache")  # nothing was kept: built now
+    assert served.kv_in_place, why
