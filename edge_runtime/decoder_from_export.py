@@ -43,7 +43,8 @@ class NotFusable(Exception):
 
 
 def export_shape(config: dict[str, Any]) -> Any:
-    """``decoder_zoo.DecoderShape`` of a Qwen2/Llama ``config.json``; NotFusable for what the builder lacks."""
+    """``decoder_zoo.DecoderShape`` of a Qwen2/Qwen3/Llama ``config.json``; NotFusable for what the builder
+    lacks."""
     from edge_runtime.decoder_fused import unfusable
     from edge_runtime.decoder_zoo import shape_from_config
 
@@ -234,14 +235,15 @@ def same_logits(export_path: str, fused_path: str, vocab: int, *, tokens: int = 
             dims = [d if isinstance(d, int) else (1 if i == 0 else 0) for i, d in enumerate(item.shape)]
             feeds[item.name] = np.zeros(dims, np.float32)
         names = ["logits"] + [i.name.replace("past_key_values.", "present.") for i in past]
-        outputs = session.run(names, feeds)
+        accepted = {i.name for i in session.get_inputs()}  # an export may take no position_ids
+        outputs = session.run(names, {k: v for k, v in feeds.items() if k in accepted})
         first = outputs[0][0, -1]
         token = token if runs else int(np.argmax(first))
         step = {"input_ids": np.array([[token]], np.int64),
                 "attention_mask": np.ones((1, tokens + 1), np.int64),
                 "position_ids": np.array([[tokens]], np.int64)}
         step.update({item.name: present for item, present in zip(past, outputs[1:])})
-        runs.append((first, session.run(["logits"], step)[0][0, -1]))
+        runs.append((first, session.run(["logits"], {k: v for k, v in step.items() if k in accepted})[0][0, -1]))
         del session
     scale = max(1.0, float(np.abs(runs[0][0]).max()))
     worst = max(float(np.abs(a - b).max()) for a, b in zip(runs[0], runs[1])) / scale

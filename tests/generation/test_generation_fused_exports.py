@@ -398,3 +398,40 @@ def test_a_rebuild_that_fails_serves_the_export_and_is_tried_again(qwen_folder: 
     monkeypatch.setattr(rebuild, "fused_from_export", real)
     served, why = fused_export(export, True, tmp_path / "cache")  # nothing was kept: built now
     assert served.kv_in_place, why
+
+
+def test_an_export_without_position_ids_is_rebuilt_and_batches(qwen_folder: Path, tmp_path: Path) -> None:
+    """Older exports derive positions inside (no ``position_ids`` input: the engine decodes them one
+    sequence at a time); the rebuild takes ``position_ids`` and batches, with the export's tokens."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder = _copy(qwen_folder, tmp_path / "no-positions")
+    proto = onnx.load(str(folder / "model.onnx"))
+    # positions past .. total - 1 from the two inputs' widths, in place of the input
+    made = [helper.make_node("Shape", ["attention_mask"], ["np.total_shape"], start=1, end=2),
+            helper.make_node("Shape", ["input_ids"], ["np.seq_shape"], start=1, end=2),
+            helper.make_node("Sub", ["np.total_shape", "np.seq_shape"], ["np.past_shape"]),
+            helper.make_node("Squeeze", ["np.past_shape"], ["np.past"]),
+            helper.make_node("Squeeze", ["np.total_shape"], ["np.total"]),
+            helper.make_node("Constant", [], ["np.one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
+            helper.make_node("Range", ["np.past", "np.total", "np.one"], ["np.range"]),
+            helper.make_node("Constant", [], ["np.axes"], value=helper.make_tensor("a", TensorProto.INT64, [1], [0])),
+            helper.make_node("Unsqueeze", ["np.range", "np.axes"], ["position_ids"])]
+    nodes = list(proto.graph.node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(made + nodes)
+    kept = [i for i in proto.graph.input if i.name != "position_ids"]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    onnx.save(proto, str(folder / "model.onnx"))
+    model = _model(folder, tmp_path / "cache", max_batch_size=2)
+    try:
+        assert model.folder.kv_in_place and model.folder.has_position_ids
+        prompts = [[5, 9, 31, 77, 102, 3], [44, 12, 8]]
+        expected = [oracle_greedy(folder, ids, 12, set(model.folder.eos_token_ids)) for ids in prompts]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=12).token_ids),
+                                 prompts)) == expected
+    finally:
+        model.close()
