@@ -435,3 +435,38 @@ def test_an_export_without_position_ids_is_rebuilt_and_batches(qwen_folder: Path
                                  prompts)) == expected
     finally:
         model.close()
+
+
+def test_a_served_onnx_community_folder_takes_its_precision_from_config_toml(community_folder: Path,
+                                                                             tmp_path: Path) -> None:
+    """Over HTTP: ``[generation] precision = "q4"`` serves ``onnx/model_q4.onnx`` rebuilt (the openai
+    client's answer equals the embedded model's on that file); a precision the folder lacks leaves the
+    model unavailable with the reason, and the other model serves."""
+    import urllib.request
+
+    import openai
+
+    from edge_runtime.server.state import STATE
+    from generation_fixtures import base_url, make_model, served_repository
+
+    root = tmp_path / "repository"
+    for name, precision in (("agent", "q4"), ("missing", "fp16")):
+        shutil.copytree(community_folder, root / name / "1")
+        (root / name / "config.toml").write_text(f'[generation]\nprecision = "{precision}"\n')
+    embedded = make_model(community_folder, precision="q4")
+    try:
+        expected = embedded.generate(messages=MESSAGES, max_tokens=12).text
+    finally:
+        embedded.close()
+    with served_repository(root, tmp_path / "cache") as live:
+        served = live.app[STATE].repository.get("agent").model
+        assert served.folder.kv_in_place and served.folder.weight_files[0].name == "model_q4.onnx"
+        client = openai.OpenAI(base_url=base_url(live) + "/v1", api_key="unused", max_retries=0, timeout=60)
+        answer = client.chat.completions.create(model="agent", messages=MESSAGES, max_tokens=12, temperature=0)
+        assert answer.choices[0].message.content == expected
+        request = urllib.request.Request(base_url(live) + "/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            entries = {e["name"]: e for e in json.loads(response.read())}
+    assert entries["agent"]["state"] == "READY"
+    assert entries["missing"]["state"] == "UNAVAILABLE"
+    assert "precision 'fp16' has no onnx/ file here" in entries["missing"]["reason"]
