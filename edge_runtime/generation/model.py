@@ -190,7 +190,8 @@ class GenerativeModel:
                 self.engine = DecoderEngine(self.folder, threads=threads, max_batch=self.settings.max_batch_size,
                                             flush_denormals=self.settings.flush_denormals,
                                             max_len=kv_positions(self.folder, self.settings))
-            self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes)
+            self.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, self.settings.prefix_cache_bytes,
+                                            _prefix_store(self.folder, self.settings, threads, cache_dir))
             self.batcher = ContinuousBatcher(self.engine, self.settings, self.prefix_cache,
                                              frozenset(self.folder.eos_token_ids), self.tokenizer.decode)
         if self.engine is not None:  # onnxruntime-genai runs its own sampling: no masks of ours
@@ -426,6 +427,22 @@ class GenerativeModel:
         self.batcher.close(10.0)
         if self.prompter is not None:
             self.prompter.encoder.close()
+        if self.prefix_cache.store is not None:
+            self.prefix_cache.store.close()
+
+
+def _prefix_store(folder: Any, settings: GenerationSettings, threads: int, cache_dir: Path | None) -> Any:
+    """The prefix cache's blocks on disk (``[generation] prefix_cache_disk_bytes`` > 0), under a key of the graph
+    that computes them (for a VLM: all three parts) and of what changes its arithmetic (threads, flushing)."""
+    if settings.prefix_cache_disk_bytes <= 0 or settings.prefix_cache_bytes <= 0:
+        return None
+    from edge_runtime.config import default_cache_dir
+    from edge_runtime.generation.prefix_store import SUBDIR, PrefixStore, store_key
+
+    files = tuple(dict.fromkeys((folder.model_path, *folder.weight_files)))
+    key = store_key(files, f"{folder.kv}|threads={threads}|flush={settings.flush_denormals}",
+                    settings.prefix_block_tokens)
+    return PrefixStore((cache_dir or default_cache_dir()) / SUBDIR / key, settings.prefix_cache_disk_bytes)
 
 
 def _log_quantization(name: str, path: Path) -> None:

@@ -9,6 +9,10 @@ can only cause a miss. Entries are evicted least-recently-used under a byte
 budget; a lookup refreshes the deepest block first and the root last, so the
 tails of long prefixes go before the shared heads they depend on.
 
+With a ``PrefixStore`` (``prefix_store``: the blocks on disk) every block inserted is also
+stored, and a lookup that misses in memory goes on along the prompt's blocks on disk: a
+restarted daemon reuses the KV of the prompts it served before.
+
 Thread-safe (the batcher's loop inserts; metrics read from the event loop).
 """
 
@@ -17,9 +21,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edge_runtime.generation.prefix_store import PrefixStore
 
 
 @dataclass(frozen=True)
@@ -44,11 +51,12 @@ class _Block:
 class PrefixCache:
     """Blocks of ``block_tokens`` positions; at most ``budget_bytes`` of KV kept (0 disables it)."""
 
-    def __init__(self, block_tokens: int, budget_bytes: int) -> None:
+    def __init__(self, block_tokens: int, budget_bytes: int, store: "PrefixStore | None" = None) -> None:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self.block_tokens = block_tokens
         self.budget_bytes = budget_bytes
+        self.store = store if budget_bytes > 0 else None
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -73,13 +81,22 @@ class PrefixCache:
             if self.budget_bytes <= 0:
                 return 0, None
             found: list[tuple[int, _Block]] = []
-            for key, chunk in self._keys(tokens, usable):
+            keys = self._keys(tokens, usable)
+            for key, chunk in keys:
                 block = self._blocks.get(key)
                 if block is None or block.tokens != chunk:
                     break
                 found.append((key, block))
             for key, _ in reversed(found):  # deepest first, root last: heads outlive tails
                 self._blocks.move_to_end(key)
+        if self.store is not None:  # on along the prompt on disk (no lock held while reading)
+            for key, chunk in keys[len(found):]:
+                kv = self.store.get(key, chunk)
+                if kv is None:
+                    break
+                found.append((key, _Block(chunk, kv)))
+                self._keep(key, found[-1][1])
+        with self._lock:
             if not found:
                 return 0, None
             self._hits += 1
@@ -98,7 +115,7 @@ class PrefixCache:
                 return 0
             for key, chunk in self._keys(tokens, usable):
                 block = self._blocks.get(key)
-                if block is None or block.tokens != chunk:
+                if (block is None or block.tokens != chunk) and (self.store is None or not self.store.contains(key)):
                     break
                 matched += self.block_tokens
         return matched
@@ -118,16 +135,25 @@ class PrefixCache:
             data = np.stack([a[0, :, i * size:(i + 1) * size] for a in kv])
             if data.nbytes > self.budget_bytes:
                 return added
-            with self._lock:
-                self._blocks[key] = _Block(chunk, data)
-                self._bytes += data.nbytes
-                self._inserted += 1
+            if self._keep(key, _Block(chunk, data)):
                 added += 1
-                while self._bytes > self.budget_bytes:
-                    _, old = self._blocks.popitem(last=False)
-                    self._bytes -= old.kv.nbytes
-                    self._evicted += 1
+                if self.store is not None:
+                    self.store.put(key, chunk, data)
         return added
+
+    def _keep(self, key: int, block: _Block) -> bool:
+        """Hold ``block`` in memory (the least recently used go past the budget); False if it was there."""
+        with self._lock:
+            if key in self._blocks:
+                return False
+            self._blocks[key] = block
+            self._bytes += block.kv.nbytes
+            self._inserted += 1
+            while self._bytes > self.budget_bytes:
+                _, old = self._blocks.popitem(last=False)
+                self._bytes -= old.kv.nbytes
+                self._evicted += 1
+        return True
 
     def stats(self) -> PrefixCacheStats:
         with self._lock:

@@ -15,6 +15,8 @@
     prefix_cache_bytes = 67108864 # KV of prompt prefixes kept across requests (0 = off)
                                   # (the KV buffers and this cap are charged to the server's [memory] budget)
     prefix_block_tokens = 16      # prefix cache granularity
+    prefix_cache_disk_bytes = 0   # > 0: the prefix cache's blocks also kept on disk, up to this many bytes
+                                  # (<cache>/prefix-kv/), so a restarted daemon reuses them (0 = off)
     threads = 0                   # ONNX Runtime intra-op threads; 0 = the runtime's
     flush_denormals = true        # decode and prefill with subnormal floats flushed to zero (x86-64:
                                   # 1.75-1.91x a decode step at 1,024 tokens of context on an Intel Xeon)
@@ -58,6 +60,7 @@ class GenerationSettings:
     idle_prefill_chunk_tokens: int = 512
     prefix_cache_bytes: int = 64 * 1024 * 1024
     prefix_block_tokens: int = 16
+    prefix_cache_disk_bytes: int = 0  # generation.prefix_store: the blocks kept on disk too (0 = off)
     threads: int = 0
     tool_parser: str = ""
     flush_denormals: bool = True  # edge_runtime.denormals: the engine's session and the batcher thread
@@ -76,7 +79,8 @@ class GenerationSettings:
         for key in ("max_batch_size", "max_seq_len", "prefill_chunk_tokens", "prefix_block_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"[generation] {key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_queue", "kv_budget_tokens", "prefix_cache_bytes", "threads", "idle_prefill_chunk_tokens"):
+        for key in ("max_queue", "kv_budget_tokens", "prefix_cache_bytes", "threads", "idle_prefill_chunk_tokens",
+                    "prefix_cache_disk_bytes"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"[generation] {key} must be >= 0, got {getattr(self, key)}")
         if self.genai_runtime not in ("engine", "onnxruntime-genai"):

@@ -1,0 +1,163 @@
+"""Prefix-cache blocks kept on disk, so that a restarted daemon does not prefill again what it has.
+
+A phone agent resends the same long system prompt at every step, and the daemon serving it is
+restarted often (Android stops background processes; an update restarts it). With
+``[generation] prefix_cache_disk_bytes`` > 0 every block the in-memory prefix cache takes is also
+written here, one ``.npz`` per block (its tokens and its KV), by a writer thread, so the decode
+loop never waits on the disk; a lookup that misses in memory goes on along the prompt's blocks on
+disk, and the blocks it finds join the memory cache. llama.cpp's server offers the same through
+its slot save/restore files, vLLM through KV-offloading connectors (LMCache); ours needs no call.
+
+The files live under ``<cache>/prefix-kv/<model key>/``, where the key names the graph the KV came
+from (its files' paths, sizes and times, the KV layout and the block size), so KV never crosses to
+another model, precision or rebuild. Blocks are named by the prefix cache's chained hash and hold
+their tokens, which a read compares (a collision is a miss). The least recently used files go
+first when the directory passes its budget; a file that cannot be read is a miss and is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SUBDIR = "prefix-kv"
+SUFFIX = ".npz"
+PENDING = 512  # blocks waiting to be written at most; beyond, new blocks are not stored (memory bound)
+
+
+def store_key(weight_files: Sequence[Path], layout: Any, block_tokens: int) -> str:
+    """The directory name for KV of the graph in ``weight_files`` with ``layout``, in blocks of ``block_tokens``."""
+    digest = hashlib.sha256(f"{layout}\0{block_tokens}".encode())
+    for path in weight_files:
+        stat = Path(path).stat()
+        digest.update(f"\0{Path(path).resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+class PrefixStore:
+    """Blocks on disk under ``directory``, at most ``budget_bytes`` of files (oldest read or written go first)."""
+
+    def __init__(self, directory: Path, budget_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._files: dict[str, tuple[int, int]] = {}  # name -> (last use ns, bytes)
+        for path in self.directory.glob("*" + SUFFIX):
+            stat = path.stat()
+            self._files[path.name] = (stat.st_mtime_ns, stat.st_size)
+        self._bytes = sum(size for _, size in self._files.values())
+        self.read_blocks = self.written_blocks = self.dropped_blocks = 0
+        self._queue: queue.Queue[tuple[int, tuple[int, ...], np.ndarray] | None] = queue.Queue(PENDING)
+        self._writer = threading.Thread(target=self._write_loop, name="prefix-store", daemon=True)
+        self._writer.start()
+
+    @staticmethod
+    def _name(key: int) -> str:
+        return f"{key & 0xFFFFFFFFFFFFFFFF:016x}{SUFFIX}"
+
+    def contains(self, key: int) -> bool:
+        with self._lock:
+            return self._name(key) in self._files
+
+    def get(self, key: int, tokens: tuple[int, ...]) -> np.ndarray | None:
+        """The KV of the block ``key`` when it is on disk and holds ``tokens``, else None."""
+        name = self._name(key)
+        with self._lock:
+            if name not in self._files:
+                return None
+        path = self.directory / name
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                if tuple(int(t) for t in data["tokens"]) != tokens:
+                    return None  # a hash collision: another prefix's block
+                kv = np.array(data["kv"])
+            os.utime(path)  # recently used: the last to go
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            log.warning("prefix store: %s is unreadable (%s): removed", path, exc)
+            self._remove(name)
+            return None
+        with self._lock:
+            if name in self._files:
+                self._files[name] = (time.time_ns(), self._files[name][1])
+            self.read_blocks += 1
+        return kv
+
+    def put(self, key: int, tokens: tuple[int, ...], kv: np.ndarray) -> None:
+        """Store the block (by the writer thread, later); a block already there or a full queue: nothing."""
+        if self.contains(key):
+            return
+        try:
+            self._queue.put_nowait((key, tokens, kv))
+        except queue.Full:
+            with self._lock:
+                self.dropped_blocks += 1
+
+    def flush(self) -> None:
+        """Wait until every block put so far is written."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writer."""
+        self._queue.put(None)
+        self._writer.join(timeout=30)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"files": len(self._files), "bytes": self._bytes, "budget_bytes": self.budget_bytes,
+                    "read_blocks": self.read_blocks, "written_blocks": self.written_blocks,
+                    "dropped_blocks": self.dropped_blocks}
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except OSError as exc:  # a full or read-only disk: the block stays in memory only
+                log.warning("prefix store: cannot write to %s: %s", self.directory, exc)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, key: int, tokens: tuple[int, ...], kv: np.ndarray) -> None:
+        name = self._name(key)
+        path = self.directory / name
+        if kv.nbytes > self.budget_bytes or self.contains(key):
+            return
+        temporary = path.with_suffix(f".{threading.get_ident()}.tmp")
+        with open(temporary, "wb") as handle:
+            np.savez(handle, tokens=np.asarray(tokens, np.int64), kv=kv)
+        os.replace(temporary, path)
+        stat = path.stat()
+        with self._lock:
+            self._files[name] = (stat.st_mtime_ns, stat.st_size)
+            self._bytes += stat.st_size
+            self.written_blocks += 1
+            over = self._bytes - self.budget_bytes
+            victims = sorted(self._files.items(), key=lambda item: item[1][0]) if over > 0 else []
+        for victim, (_, size) in victims:
+            if over <= 0:
+                break
+            self._remove(victim)
+            over -= size
+
+    def _remove(self, name: str) -> None:
+        with self._lock:
+            _, size = self._files.pop(name, (0, 0))
+            self._bytes -= size
+        try:
+            (self.directory / name).unlink()
+        except FileNotFoundError:
+            pass
