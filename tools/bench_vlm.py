@@ -31,7 +31,10 @@ their encoder runs (``images_cached`` per step), transformers encodes every imag
 After the episode, the same warm models take the first step of a next episode (the same system
 prompt, a new screenshot): row ``step`` "1 (next episode)". A daemon serves many episodes, and
 from the second on its prefix cache holds the system prompt; the episode's own step 1 is the
-cold start of a fresh model. transformers recomputes everything at every step either way.
+cold start of a fresh model. Then the models are closed and loaded anew, as a restarted daemon
+is, and take one more episode's first step: row "1 (after a restart)", where the prefix cache's
+blocks come back from disk (``[generation] prefix_cache_disk_bytes``, on here). transformers
+recomputes everything at every step either way.
 
 Rounds interleave the sides step by step; each figure is the best of its rounds.
 Goals (issue 22): time to first token <= 0.5x transformers' at every step; steps 2-5
@@ -47,6 +50,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -217,16 +221,19 @@ class TokenTimes:
         return None
 
 
-def edge_model(folder: Path, threads: int, max_pixels: int, precision: dict[str, str]) -> Any:
-    """A fresh edge-runtime model: its prefix cache starts empty, as an episode's first step does."""
+def edge_model(folder: Path, threads: int, max_pixels: int, precision: dict[str, str], cache_dir: Path) -> Any:
+    """A fresh edge-runtime model: its prefix cache starts empty in memory, as an episode's first step does;
+    its blocks also go to disk under ``cache_dir`` (``prefix_cache_disk_bytes``), for the restart row."""
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.generation.vision.preprocess import VisionBudget
     from edge_runtime.generation.vision.settings import VisionSettings
 
-    model = GenerativeModel("bench", folder, GenerationSettings(max_seq_len=8192, prefix_cache_bytes=256 << 20),
+    model = GenerativeModel("bench", folder, GenerationSettings(max_seq_len=8192, prefix_cache_bytes=256 << 20,
+                                                                prefix_cache_disk_bytes=256 << 20),
                             threads=threads, vision=VisionSettings(precision=precision,
-                                                                   budget=VisionBudget(max_pixels=max_pixels)))
+                                                                   budget=VisionBudget(max_pixels=max_pixels)),
+                            cache_dir=cache_dir)
     model.generate(prompt="warm up", max_tokens=2)
     model.prompter.warm_up()
     return model
@@ -269,11 +276,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sides = {"edge_runtime": {}, **({"edge_runtime_quantized": quantized} if quantized else {})}
     for label, max_pixels in BUDGETS.items():
         hf_side = Transformers(hf, max_pixels)
-        # the episode's steps, then the next episode's first step on the same (warm) models
-        timings: dict[str, list[list[dict[str, float]]]] = {side: [[] for _ in range(steps + 1)]
+        # the episode's steps, the next episode's first step on the same (warm) models, then one more
+        # episode's first step on models loaded anew (a restarted daemon: its prefix cache on disk)
+        timings: dict[str, list[list[dict[str, float]]]] = {side: [[] for _ in range(steps + 2)]
                                                              for side in [*sides, "transformers"]}
         for _ in range(args.rounds):
-            models = {side: edge_model(folder, args.threads, max_pixels, precision)
+            disk = Path(tempfile.mkdtemp(prefix="bench-vlm-prefix-"))
+            models = {side: edge_model(folder, args.threads, max_pixels, precision, disk / side)
                       for side, precision in sides.items()}
             try:
                 for step in range(steps + 1):  # sides interleaved step by step
@@ -285,10 +294,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     timings["transformers"][step].append(hf_side.step(turns, args.new_tokens))
             finally:
                 for model in models.values():
+                    model.close()  # writes the blocks still pending to disk
+            restarted = {side: edge_model(folder, args.threads, max_pixels, precision, disk / side)
+                         for side, precision in sides.items()}
+            try:
+                turns = messages(0, system, [screenshot(steps + 1)], args.keep_images)
+                for side, model in restarted.items():
+                    timings[side][steps + 1].append(edge_step(model, turns, args.new_tokens))
+                timings["transformers"][steps + 1].append(hf_side.step(turns, args.new_tokens))
+            finally:
+                for model in restarted.values():
                     model.close()
+                shutil.rmtree(disk, ignore_errors=True)
         rows = []
-        for step in range(steps + 1):
-            label_step: int | str = step + 1 if step < steps else "1 (next episode)"
+        for step in range(steps + 2):
+            label_step: int | str = (step + 1 if step < steps else "1 (next episode)" if step == steps
+                                     else "1 (after a restart)")
             row: dict[str, Any] = {"step": label_step, **{side: best(timings[side][step]) for side in timings}}
             for side in sides:
                 key = "ttft_ratio" + side.removeprefix("edge_runtime")
@@ -324,8 +345,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
                    label=f"edge-runtime quantized ({report['quantized_precision']}): TTFT")
         ax.bar(x + offset, [r["transformers"]["ttft_ms"] for r in rows], width, color="grey",
                label="transformers fp32")
-        ax.set_xticks(x, [f"step {r['step']}" if isinstance(r["step"], int) else "next episode,\nstep 1"
-                          for r in rows])
+        ax.set_xticks(x, [f"step {r['step']}" if isinstance(r["step"], int) else
+                          "next episode,\nstep 1" if "next" in r["step"] else "restarted,\nstep 1" for r in rows])
         ax.set_ylabel("time to first token (ms)")
         ax.set_title(f"~{label} image tokens per screenshot")
         ax.legend(fontsize=7)

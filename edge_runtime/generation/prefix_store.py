@@ -3,7 +3,7 @@
 A phone agent resends the same long system prompt at every step, and the daemon serving it is
 restarted often (Android stops background processes; an update restarts it). With
 ``[generation] prefix_cache_disk_bytes`` > 0 every block the in-memory prefix cache takes is also
-written here, one ``.npz`` per block (its tokens and its KV), by a writer thread, so the decode
+written here, one file per block (its tokens and its KV, two ``.npy`` arrays), by a writer thread, so the decode
 loop never waits on the disk; a lookup that misses in memory goes on along the prompt's blocks on
 disk, and the blocks it finds join the memory cache. llama.cpp's server offers the same through
 its slot save/restore files, vLLM through KV-offloading connectors (LMCache); ours needs no call.
@@ -23,7 +23,6 @@ import os
 import queue
 import threading
 import time
-import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,7 +31,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 SUBDIR = "prefix-kv"
-SUFFIX = ".npz"
+SUFFIX = ".kv"  # two .npy arrays one after the other: the block's tokens, then its KV
 PENDING = 512  # blocks waiting to be written at most; beyond, new blocks are not stored (memory bound)
 
 
@@ -79,12 +78,12 @@ class PrefixStore:
                 return None
         path = self.directory / name
         try:
-            with np.load(path, allow_pickle=False) as data:
-                if tuple(int(t) for t in data["tokens"]) != tokens:
+            with open(path, "rb") as handle:  # plain .npy reads: a zip archive (.npz) took ~1 ms a block
+                if tuple(int(t) for t in np.load(handle, allow_pickle=False)) != tokens:
                     return None  # a hash collision: another prefix's block
-                kv = np.array(data["kv"])
+                kv = np.load(handle, allow_pickle=False)
             os.utime(path)  # recently used: the last to go
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, EOFError) as exc:
             log.warning("prefix store: %s is unreadable (%s): removed", path, exc)
             self._remove(name)
             return None
@@ -138,7 +137,8 @@ class PrefixStore:
             return
         temporary = path.with_suffix(f".{threading.get_ident()}.tmp")
         with open(temporary, "wb") as handle:
-            np.savez(handle, tokens=np.asarray(tokens, np.int64), kv=kv)
+            np.save(handle, np.asarray(tokens, np.int64))
+            np.save(handle, np.ascontiguousarray(kv))
         os.replace(temporary, path)
         stat = path.stat()
         with self._lock:

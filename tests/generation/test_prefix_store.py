@@ -25,7 +25,7 @@ def _model(folder: Path, cache: Path, **settings):
 
 
 def _store_files(cache: Path) -> list[Path]:
-    return sorted((cache / "prefix-kv").glob("*/*.npz"))
+    return sorted((cache / "prefix-kv").glob("*/*.kv"))
 
 
 def test_a_restarted_model_reuses_the_prompt_blocks_it_stored(qwen_folder: Path, tmp_path: Path) -> None:
