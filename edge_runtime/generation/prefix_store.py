@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 SUBDIR = "prefix-kv"
 SUFFIX = ".kv"  # two .npy arrays one after the other: the block's tokens, then its KV
-PENDING = 512  # blocks waiting to be written at most; beyond, new blocks are not stored (memory bound)
+# Bytes of blocks waiting to be written at most (a copy each, in memory): beyond, new blocks are not stored.
+# 64 MiB holds ~5,000 tokens of a Qwen2.5-0.5B-shaped model's KV, a long prompt inserted at once.
+PENDING_BYTES = 64 * 2**20
 
 
 def store_key(weight_files: Sequence[Path], layout: Any, block_tokens: int) -> str:
@@ -58,7 +60,8 @@ class PrefixStore:
             self._files[path.name] = (stat.st_mtime_ns, stat.st_size)
         self._bytes = sum(size for _, size in self._files.values())
         self.read_blocks = self.written_blocks = self.dropped_blocks = 0
-        self._queue: queue.Queue[tuple[int, tuple[int, ...], np.ndarray] | None] = queue.Queue(PENDING)
+        self._pending = 0  # bytes queued for the writer
+        self._queue: queue.Queue[tuple[int, tuple[int, ...], np.ndarray] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="prefix-store", daemon=True)
         self._writer.start()
 
@@ -95,13 +98,14 @@ class PrefixStore:
 
     def put(self, key: int, tokens: tuple[int, ...], kv: np.ndarray) -> None:
         """Store the block (by the writer thread, later); a block already there or a full queue: nothing."""
-        if self.contains(key):
-            return
-        try:
-            self._queue.put_nowait((key, tokens, kv))
-        except queue.Full:
-            with self._lock:
+        with self._lock:
+            if self._name(key) in self._files:
+                return
+            if self._pending + kv.nbytes > PENDING_BYTES:
                 self.dropped_blocks += 1
+                return
+            self._pending += kv.nbytes
+        self._queue.put((key, tokens, kv))
 
     def flush(self) -> None:
         """Wait until every block put so far is written."""
@@ -128,6 +132,9 @@ class PrefixStore:
             except OSError as exc:  # a full or read-only disk: the block stays in memory only
                 log.warning("prefix store: cannot write to %s: %s", self.directory, exc)
             finally:
+                if item is not None:
+                    with self._lock:
+                        self._pending -= item[2].nbytes
                 self._queue.task_done()
 
     def _write(self, key: int, tokens: tuple[int, ...], kv: np.ndarray) -> None:

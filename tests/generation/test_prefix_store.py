@@ -119,3 +119,25 @@ def test_a_block_under_another_prefix_is_not_returned(tmp_path: Path) -> None:
     assert store.get(7, (1, 2, 3, 5)) is None  # same key, other tokens: a collision is a miss
     assert store.get(8, (1, 2, 3, 4)) is None
     store.close()
+
+
+def test_blocks_past_the_pending_bytes_are_not_queued(tmp_path: Path, monkeypatch) -> None:
+    """The writer's queue holds at most PENDING_BYTES of copies: a burst beyond it is dropped (and
+    counted), never memory without bound; what was queued is written."""
+    import threading
+
+    import edge_runtime.generation.prefix_store as prefix_store
+
+    kv = np.zeros((2, 2, 16, 16), np.float32)
+    monkeypatch.setattr(prefix_store, "PENDING_BYTES", 3 * kv.nbytes)
+    store = prefix_store.PrefixStore(tmp_path, DISK)
+    gate = threading.Event()
+    real_write = store._write
+    monkeypatch.setattr(store, "_write", lambda *item: (gate.wait(10), real_write(*item)))
+    for key in range(6):
+        store.put(key, (key,) * 16, kv)
+    gate.set()
+    store.flush()
+    stats = store.stats()
+    store.close()
+    assert stats["written_blocks"] == 3 and stats["dropped_blocks"] == 3
