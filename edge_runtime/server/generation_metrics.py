@@ -6,6 +6,8 @@
 | edge_runtime_prefix_cache_saved_tokens_total{model} | prompt tokens not prefilled thanks to the cache |
 | edge_runtime_prefix_cache_bytes{model}, edge_runtime_prefix_cache_budget_bytes{model} | KV kept / allowed |
 | edge_runtime_prefix_cache_evicted_blocks_total{model} | blocks dropped by the LRU |
+| edge_runtime_prefix_cache_disk_{read,written,dropped}_blocks_total{model} | with ``prefix_cache_disk_bytes``: blocks read back from disk, written, not queued (the writer's queue full) |
+| edge_runtime_prefix_cache_disk_bytes{model}, edge_runtime_prefix_cache_disk_budget_bytes{model} | block files kept / allowed |
 | edge_runtime_generation_sequences{model,state} | sequences queued, prefilling, running now |
 | edge_runtime_generation_tokens_total{model,kind} | tokens generated (``decode``) and prompt tokens run (``prefill``) |
 | edge_runtime_generation_kv_cache_bytes{model} | the decode batch's preallocated KV buffers (charged to the memory budget with the prefix cache's budget) |
@@ -42,6 +44,13 @@ class GenerationCollector:
         gauges = {name: GaugeMetricFamily(f"edge_runtime_prefix_cache_{name}", doc, labels=("model",))
                   for name, doc in (("bytes", "KV bytes held by the prefix cache"),
                                     ("budget_bytes", "Byte budget of the prefix cache"))}
+        disk = {name: family(f"edge_runtime_prefix_cache_disk_{name}", doc, labels=("model",))
+                for name, family, doc in (
+                    ("read_blocks", CounterMetricFamily, "Prefix cache blocks read back from disk"),
+                    ("written_blocks", CounterMetricFamily, "Prefix cache blocks written to disk"),
+                    ("dropped_blocks", CounterMetricFamily, "Prefix cache blocks not written (writer queue full)"),
+                    ("bytes", GaugeMetricFamily, "Bytes of prefix cache block files on disk"),
+                    ("budget_bytes", GaugeMetricFamily, "Byte budget of the prefix cache's files on disk"))}
         sequences = GaugeMetricFamily("edge_runtime_generation_sequences", "Sequences by state",
                                       labels=("model", "state"))
         tokens = CounterMetricFamily("edge_runtime_generation_tokens", "Tokens run, by kind",
@@ -82,6 +91,10 @@ class GenerationCollector:
                 counters[key].add_metric([name], value)
             gauges["bytes"].add_metric([name], cache.bytes)
             gauges["budget_bytes"].add_metric([name], cache.budget_bytes)
+            if model.prefix_cache.store is not None:
+                for key, value in model.prefix_cache.store.stats().items():
+                    if key in disk:
+                        disk[key].add_metric([name], value)
             batch = model.batcher.stats()
             for state, count in (("queued", batch.queued), ("prefilling", batch.prefilling),
                                  ("running", batch.running)):
@@ -89,7 +102,7 @@ class GenerationCollector:
             tokens.add_metric([name, "decode"], batch.tokens_generated)
             tokens.add_metric([name, "prefill"], batch.prefill_tokens)
             kv.add_metric([name], model.kv_cache_bytes)
-        yield from (*counters.values(), *gauges.values(), sequences, tokens, kv, preprocess, encode, images,
+        yield from (*counters.values(), *gauges.values(), *disk.values(), sequences, tokens, kv, preprocess, encode, images,
                     image_tokens, *feature_cache.values())
 
 

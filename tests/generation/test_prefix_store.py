@@ -141,3 +141,28 @@ def test_blocks_past_the_pending_bytes_are_not_queued(tmp_path: Path, monkeypatc
     stats = store.stats()
     store.close()
     assert stats["written_blocks"] == 3 and stats["dropped_blocks"] == 3
+
+
+def test_the_served_model_reports_its_disk_blocks_in_metrics(qwen_folder: Path, tmp_path: Path) -> None:
+    """``[generation] prefix_cache_disk_bytes`` from config.toml; ``/metrics`` counts the blocks written."""
+    import shutil
+    import urllib.request
+
+    from edge_runtime.server.state import STATE
+    from generation_fixtures import base_url, served_repository
+
+    root = tmp_path / "repository"
+    shutil.copytree(qwen_folder, root / "agent" / "1")
+    (root / "agent" / "config.toml").write_text(f"[generation]\nprefix_cache_disk_bytes = {DISK}\n")
+    with served_repository(root, tmp_path / "cache") as live:
+        model = live.app[STATE].repository.get("agent").model
+        model.generate(messages=MESSAGES, max_tokens=2)
+        model.prefix_cache.store.flush()
+        with urllib.request.urlopen(base_url(live) + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+    written = [line for line in text.splitlines()
+               if line.startswith('edge_runtime_prefix_cache_disk_written_blocks_total{model="agent"}')]
+    assert written and float(written[0].split()[-1]) >= 1
+    assert any(line.startswith('edge_runtime_prefix_cache_disk_budget_bytes{model="agent"}') and float(line.split()[-1]) == DISK
+               for line in text.splitlines())
+    assert _store_files(tmp_path / "cache")
