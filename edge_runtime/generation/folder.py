@@ -62,15 +62,16 @@ def text_models(folder: Path) -> dict[str, Path]:
 
 
 def decoder_file(folder: Path, precision: str = "") -> Path:
-    """The decoder graph of ``folder``: ``model.onnx`` (optimum), or the ``onnx/model<suffix>.onnx`` of
-    ``precision`` ("" = the first present in ``PRECISION_ORDER``). ModelLoadError names what is there."""
+    """The decoder graph of ``folder``: ``model.onnx`` (optimum; for "" and "fp32" it comes first), or the
+    ``onnx/model<suffix>.onnx`` of ``precision`` ("" = the first present in ``PRECISION_ORDER``).
+    ModelLoadError names what is there."""
     folder = Path(folder)
     present = text_models(folder)
-    if (folder / MODEL_FILE).is_file() and not present:
-        if precision not in ("", "fp32"):
-            raise ModelLoadError(f"{folder}: [generation] precision {precision!r} names a file of the onnx/ layout; "
-                                 f"this folder has only {MODEL_FILE}")
+    if (folder / MODEL_FILE).is_file() and precision in ("", "fp32"):  # the optimum layout's own file first
         return folder / MODEL_FILE
+    if (folder / MODEL_FILE).is_file() and not present:
+        raise ModelLoadError(f"{folder}: [generation] precision {precision!r} names a file of the onnx/ layout; "
+                             f"this folder has only {MODEL_FILE}")
     if not present:
         raise ModelLoadError(f"{folder}: no {MODEL_FILE} (an optimum text-generation-with-past export) and no "
                              f"{ONNX_DIR}/model*.onnx")

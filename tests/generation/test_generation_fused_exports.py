@@ -312,6 +312,24 @@ def test_the_onnx_community_layout_loads_each_precision(community_folder: Path, 
             model.close()
     with pytest.raises(ModelLoadError, match=r"precision 'fp16' has no onnx/ file here; present: \['fp32', 'q4'\]"):
         _model(community_folder, tmp_path, precision="fp16")
+    from edge_runtime.generation.folder import decoder_file
+
+    both = tmp_path / "both"  # an optimum model.onnx beside an onnx/ folder: the top file is fp32's
+    shutil.copytree(community_folder, both)
+    shutil.copy2(community_folder / "onnx" / "model_q4.onnx", both / "model.onnx")
+    assert decoder_file(both) == decoder_file(both, "fp32") == both / "model.onnx"
+    assert decoder_file(both, "q4") == both / "onnx" / "model_q4.onnx"
+    with pytest.raises(ModelLoadError, match="names a file of the onnx/ layout; this folder has only model.onnx"):
+        decoder_file(_only_top(community_folder, tmp_path / "top"), "q4")
+
+
+def _only_top(community: Path, where: Path) -> Path:
+    where.mkdir()
+    for item in community.iterdir():
+        if item.is_file():
+            shutil.copy2(item, where / item.name)
+    shutil.copy2(community / "onnx" / "model_q4.onnx", where / "model.onnx")
+    return where
 
 
 def test_a_bad_precision_setting_is_a_config_error() -> None:
