@@ -59,7 +59,7 @@ class PrefixStore:
             stat = path.stat()
             self._files[path.name] = (stat.st_mtime_ns, stat.st_size)
         self._bytes = sum(size for _, size in self._files.values())
-        self.read_blocks = self.written_blocks = self.dropped_blocks = 0
+        self.read_blocks = self.written_blocks = self.dropped_blocks = self.failed_writes = 0
         self._pending = 0  # bytes queued for the writer
         self._queue: queue.Queue[tuple[int, tuple[int, ...], np.ndarray] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="prefix-store", daemon=True)
@@ -120,7 +120,7 @@ class PrefixStore:
         with self._lock:
             return {"files": len(self._files), "bytes": self._bytes, "budget_bytes": self.budget_bytes,
                     "read_blocks": self.read_blocks, "written_blocks": self.written_blocks,
-                    "dropped_blocks": self.dropped_blocks}
+                    "dropped_blocks": self.dropped_blocks, "failed_writes": self.failed_writes}
 
     def _write_loop(self) -> None:
         while True:
@@ -130,7 +130,9 @@ class PrefixStore:
                     return
                 self._write(*item)
             except OSError as exc:  # a full or read-only disk: the block stays in memory only
-                log.warning("prefix store: cannot write to %s: %s", self.directory, exc)
+                self.failed_writes += 1  # said once, not for every block of every prompt
+                (log.warning if self.failed_writes == 1 else log.debug)(
+                    "prefix store: cannot write to %s: %s (blocks stay in memory only)", self.directory, exc)
             finally:
                 if item is not None:
                     with self._lock:

@@ -166,3 +166,26 @@ def test_the_served_model_reports_its_disk_blocks_in_metrics(qwen_folder: Path, 
     assert any(line.startswith('edge_runtime_prefix_cache_disk_budget_bytes{model="agent"}') and float(line.split()[-1]) == DISK
                for line in text.splitlines())
     assert _store_files(tmp_path / "cache")
+
+
+def test_a_disk_that_refuses_writes_is_said_once_and_costs_nothing_else(tmp_path: Path, monkeypatch,
+                                                                        caplog) -> None:
+    import logging
+
+    from edge_runtime.generation.prefix_store import PrefixStore
+
+    store = PrefixStore(tmp_path, DISK)
+
+    def full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_write", full)
+    kv = np.zeros((2, 2, 16, 16), np.float32)
+    with caplog.at_level(logging.WARNING, logger="edge_runtime.generation.prefix_store"):
+        for key in range(5):
+            store.put(key, (key,) * 16, kv)
+        store.flush()
+    stats = store.stats()
+    store.close()
+    assert stats["failed_writes"] == 5 and stats["written_blocks"] == 0
+    assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
