@@ -81,7 +81,7 @@ class PrefixStore:
                 return None
         path = self.directory / name
         try:
-            with open(path, "rb") as handle:  # plain .npy reads: a zip archive (.npz) took ~1 ms a block
+            with open(path, "rb") as handle:  # plain .npy: as .npz (zip) 94 blocks read ~100 ms slower
                 if tuple(int(t) for t in np.load(handle, allow_pickle=False)) != tokens:
                     return None  # a hash collision: another prefix's block
                 kv = np.load(handle, allow_pickle=False)
