@@ -14,11 +14,12 @@ decoder among them runs in our engine too (``read_genai_decoder``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -129,6 +130,17 @@ class DecoderFolder:
     @property
     def weight_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.weight_files if p.is_file())
+
+
+def files_key(paths: Sequence[Path], before: bytes, after: bytes = b"") -> str:
+    """A short cache key for what was made from the files ``paths`` (plus ``before`` and ``after``): each file
+    by its resolved path, size and modification time, so a key costs stat calls, not reading gigabytes."""
+    digest = hashlib.sha256(before)
+    for path in paths:
+        stat = Path(path).stat()
+        digest.update(f"\0{Path(path).resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    digest.update(after)
+    return digest.hexdigest()[:20]
 
 
 def read_json(path: Path) -> dict[str, Any]:

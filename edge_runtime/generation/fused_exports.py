@@ -20,7 +20,6 @@ weights; ``footprint.planned_footprint`` follows this module's rule, so planned 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -29,7 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.generation.folder import MODEL_FILE, DecoderFolder, describe_decoder, read_folder, read_json
+from edge_runtime.generation.folder import (MODEL_FILE, DecoderFolder, describe_decoder, files_key, read_folder,
+                                            read_json)
 from edge_runtime.generation.settings import GenerationSettings
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,8 @@ def text_decoder(path: Path, settings: GenerationSettings,
 
 def export_key(folder: DecoderFolder) -> str:
     """The cache key of ``folder``'s export: its graph files' paths, sizes and times, its config, VERSION."""
-    digest = hashlib.sha256(f"v{VERSION}".encode())
-    for path in folder.weight_files:
-        stat = path.stat()
-        digest.update(f"\0{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     config = folder.path / "config.json"
-    digest.update(config.read_bytes() if config.is_file() else b"")
-    return digest.hexdigest()[:20]
+    return files_key(folder.weight_files, f"v{VERSION}".encode(), config.read_bytes() if config.is_file() else b"")
 
 
 def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple[DecoderFolder, str]:

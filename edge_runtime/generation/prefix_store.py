@@ -17,7 +17,6 @@ first when the directory passes its budget; a file that cannot be read is a miss
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -39,11 +38,9 @@ PENDING_BYTES = 64 * 2**20
 
 def store_key(weight_files: Sequence[Path], layout: Any, block_tokens: int) -> str:
     """The directory name for KV of the graph in ``weight_files`` with ``layout``, in blocks of ``block_tokens``."""
-    digest = hashlib.sha256(f"{layout}\0{block_tokens}".encode())
-    for path in weight_files:
-        stat = Path(path).stat()
-        digest.update(f"\0{Path(path).resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:20]
+    from edge_runtime.generation.folder import files_key
+
+    return files_key(weight_files, f"{layout}\0{block_tokens}".encode())
 
 
 class PrefixStore:
