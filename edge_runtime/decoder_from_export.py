@@ -19,11 +19,14 @@ the rebuilt graph computes what the export computes (``generation.fused_exports`
 before using one).
 
 Only what ``decoder_zoo`` builds is rebuilt: Qwen2, Qwen3 (its own head size, q/k norms) and
-Llama (SiLU MLP, RMSNorm, plain rotary or Llama 3's scaled one), float32 weights, or weights quantized
+Llama (SiLU MLP, RMSNorm, plain rotary or Llama 3's scaled one), float32 weights, weights quantized
 by onnxruntime's ``MatMulNBitsQuantizer`` (transformers.js' ``model_q4.onnx``, our
 ``quantize``), which stay ``MatMulNBits`` as they are (q/k/v and gate/up concatenated along
-N). Other quantized forms (``model_quantized.onnx``'s dynamic int8), fp16 exports, other rope
-scalings (YaRN, dynamic NTK ...), sliding windows and other families keep the export.
+N), or by its ``quantize_dynamic`` with int8 weights (transformers.js' ``model_quantized.onnx``:
+``DynamicQuantizeLinear`` + ``MatMulInteger`` per linear layer, a uint8 embedding table), read as
+``Int8Weight``s, the same integers and scales. Other quantized forms (uint8 weights with zero
+points in the layers, QDQ, ``MatMulIntegerToFloat``), fp16 exports, other rope scalings (YaRN,
+dynamic NTK ...), sliding windows and other families keep the export.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-# Ops of quantized forms the rebuild does not read (onnxruntime's quantize_dynamic / quantize_static)
-_OTHER_QUANTIZATION = {"MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear", "QuantizeLinear",
-                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul", "GatherBlockQuantized"}
+# Ops of quantized forms the rebuild does not read (onnxruntime's quantize_static, its fused forms). Its
+# quantize_dynamic's MatMulInteger, DynamicQuantizeLinear and DequantizeLinear are read (see _Weights).
+_OTHER_QUANTIZATION = {"QuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul",
+                       "GatherBlockQuantized"}
 
 
 class NotFusable(Exception):
@@ -71,6 +75,13 @@ class _Weights:
                            if n.op_type == "Transpose" and n.input[0] in self.initializers
                            and [list(a.ints) for a in n.attribute if a.name == "perm"] in ([], [[1, 0]])}
 
+        self.readers: dict[str, list[Any]] = {}
+        self.producer: dict[str, Any] = {}
+        for node in proto.graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+            self.producer.update((name, node) for name in node.output)
+
     def dims(self, name: str) -> tuple[int, ...]:
         from onnx import TensorProto
 
@@ -86,9 +97,29 @@ class _Weights:
         return numpy_helper.to_array(self.initializers[name], self.base_dir)
 
     def named(self, name: str) -> tuple[tuple[int, ...], Callable[[], Any]]:
+        if name not in self.initializers and name + "_quantized" in self.initializers:
+            return self.quantized_table(name)
         if name not in self.initializers:
             raise NotFusable(f"no initializer {name!r}")
         return self.dims(name), lambda: self.array(name)
+
+    def quantized_table(self, name: str) -> tuple[tuple[int, ...], Callable[[], Any]]:
+        """``quantize_dynamic``'s quantized Gather table (the embedding): ``<name>_quantized`` 8-bit with one
+        ``<name>_scale`` and ``<name>_zero_point``, as an ``Int8Weight`` [rows, width]."""
+        from edge_runtime.decoder_zoo import Int8Weight
+
+        parts = [name + suffix for suffix in ("_quantized", "_scale", "_zero_point")]
+        if not all(part in self.initializers for part in parts):
+            raise NotFusable(f"{name} is quantized without the scale and zero point beside it")
+        dims = tuple(self.initializers[parts[0]].dims)
+        if len(dims) != 2 or self.initializers[parts[1]].dims not in ([], [1]):
+            raise NotFusable(f"{name}'s quantized table is {list(dims)} with a scale per row")
+
+        def load() -> Int8Weight:
+            rows = dims[0]
+            return Int8Weight(self.array(parts[0]), np.full(rows, self.array(parts[1]).reshape(()), np.float32),
+                              np.full(rows, self.array(parts[2]).reshape(()), self.array(parts[2]).dtype))
+        return dims, load
 
     def linear(self, module: str) -> tuple[tuple[int, ...], Callable[[], Any]]:
         """The ``[out, in]`` weight of the linear layer ``module`` (``model.layers.0.self_attn.q_proj``): an
@@ -101,6 +132,9 @@ class _Weights:
                      and n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
         if node is None and len(quantized) == 1:
             return self.nbits(quantized[0])
+        integer = self.nodes.get(f"{path}/MatMul_quant")  # quantize_dynamic names it so
+        if node is None and integer is not None and integer.op_type == "MatMulInteger":
+            return self.integer(integer)
         if node is None:
             kinds = sorted({n.op_type for key, n in self.nodes.items() if key.startswith(path + "/")})
             raise NotFusable(f"no MatMul node {path}/MatMul" + (f" (its nodes: {', '.join(kinds)}: quantized?)"
@@ -133,6 +167,49 @@ class _Weights:
                                int(attributes.get("bits", 4)), int(attributes["block_size"]),
                                int(attributes.get("accuracy_level", 0)))
         return (n, k), load
+
+    def integer(self, node: Any) -> tuple[tuple[int, ...], Callable[[], Any]]:
+        """``quantize_dynamic``'s ``MatMulInteger`` (its activation from ``DynamicQuantizeLinear``, the int32
+        product cast to float and multiplied by the activation's scale times the weight's): the weight's
+        integers [K, N], zero point and scale (per tensor or per column) as an ``Int8Weight`` [N, K]."""
+        from onnx import TensorProto
+
+        from edge_runtime.decoder_zoo import Int8Weight
+
+        inputs = list(node.input) + [""] * (4 - len(node.input))
+        weight, scale = inputs[1], self.weight_scale(node)
+        if weight not in self.initializers or (inputs[3] and inputs[3] not in self.initializers) or scale is None:
+            raise NotFusable(f"{node.name}: a MatMulInteger whose weight, zero point or scale is not a constant")
+        tensor = self.initializers[weight]
+        if tensor.data_type != TensorProto.INT8 or len(tensor.dims) != 2:
+            raise NotFusable(f"{node.name}: {TensorProto.DataType.Name(tensor.data_type)} weights "
+                             f"{list(tensor.dims)} (the rebuild reads 2-D int8 ones)")
+        k, n = tensor.dims
+
+        def load() -> Int8Weight:
+            zero = self.array(inputs[3]) if inputs[3] else np.zeros(1, np.int8)
+            if zero.any():  # symmetric int8 is what quantize_dynamic writes; MatMulInteger's rewrite needs it
+                raise NotFusable(f"{node.name}: int8 weights with a nonzero zero point")
+            return Int8Weight(np.ascontiguousarray(self.array(weight).T),
+                              np.broadcast_to(self.array(scale).astype(np.float32).reshape(-1), (n,)).copy())
+        return (n, k), load
+
+    def weight_scale(self, node: Any) -> str | None:
+        """The weight's scale of a ``quantize_dynamic`` ``MatMulInteger``: the constant factor of the ``Mul``
+        that makes the product's scale (activation scale x weight scale), after the ``Cast`` to float."""
+        activation = self.producer.get(node.input[0])
+        casts = self.readers.get(node.output[0], [])
+        if activation is None or activation.op_type != "DynamicQuantizeLinear" or len(casts) != 1 \
+                or casts[0].op_type != "Cast":
+            return None
+        for mul in self.readers.get(casts[0].output[0], []):
+            for factor in mul.input:
+                source = self.producer.get(factor)
+                if source is not None and source.op_type == "Mul" and activation.output[1] in source.input:
+                    other = [name for name in source.input if name != activation.output[1]]
+                    if len(other) == 1 and other[0] in self.initializers:
+                        return other[0]
+        return None
 
     def bias(self, module: str) -> tuple[tuple[int, ...], Callable[[], Any]] | None:
         name = module + ".bias"
@@ -215,10 +292,54 @@ def fused_from_export(proto: Any, config: dict[str, Any], base_dir: str = "") ->
         raise NotFusable(str(exc)) from None
 
 
-def same_logits(export_path: str, fused_path: str, vocab: int, *, tokens: int = 12, rtol: float = 1e-3) -> float:
+def dequantized_export(proto: Any) -> Any:
+    """``proto`` (changed in place and returned) with every ``quantize_dynamic`` ``MatMulInteger`` of a
+    constant weight replaced by a ``MatMul`` of its input and the weight's ``DequantizeLinear``: the
+    export's function on the same weights with the activations left in float, which is what a rebuild
+    written with ``Int8Weight``s computes before ``per_token_int8`` (the check compares the two there,
+    as ``fused_exports`` does MatMulNBits' at accuracy level 0). Nodes left unread are dropped."""
+    from onnx import helper
+
+    found = _Weights(proto)
+    rewritten: dict[str, list[Any]] = {}  # the Mul whose output a MatMul now writes -> its two nodes
+    for node in proto.graph.node:
+        if node.op_type != "MatMulInteger":
+            continue
+        scale = found.weight_scale(node)
+        if scale is None or node.input[1] not in found.initializers:
+            continue
+        activation = found.producer[node.input[0]]
+        cast = found.readers[node.output[0]][0]
+        mul = next(m for m in found.readers[cast.output[0]] if m.op_type == "Mul")
+        zero = [node.input[3]] if len(node.input) > 3 and node.input[3] else []
+        axis = {"axis": 1} if found.initializers[scale].dims not in ([], [1]) else {}
+        weight = node.name + ".dequantized"
+        rewritten[mul.output[0]] = [
+            helper.make_node("DequantizeLinear", [node.input[1], scale] + zero, [weight], name=weight, **axis),
+            helper.make_node("MatMul", [activation.input[0], weight], [mul.output[0]], name=node.name + ".float")]
+    nodes = []
+    for node in proto.graph.node:
+        nodes.extend(rewritten.get(node.output[0], [node]) if node.op_type == "Mul" else [node])
+    live, kept = {o.name for o in proto.graph.output}, []
+    for node in reversed(nodes):
+        if any(name in live for name in node.output):
+            kept.append(node)
+            live.update(node.input)
+    del proto.graph.node[:]
+    proto.graph.node.extend(reversed(kept))
+    unread = [t for t in proto.graph.initializer if t.name not in live]
+    for tensor in unread:
+        proto.graph.initializer.remove(tensor)
+    return proto
+
+
+def same_logits(export_path: str, fused_path: str, vocab: int, *, tokens: int = 12, rtol: float = 1e-3,
+                float_weights: bool = False) -> float:
     """Run both graphs on one prompt of ``tokens`` tokens and one decode step after it (the export's
     greedy token, each graph's own ``present``); return the largest logit difference over the
-    export's largest logit, NotFusable when it exceeds ``rtol``."""
+    export's largest logit, NotFusable when it exceeds ``rtol``. ``float_weights``: ONNX Runtime's QDQ
+    fusions off, so a ``DequantizeLinear`` of a weight is folded into float32 weights rather than into
+    its 8-bit kernel (which quantizes activations)."""
     import onnxruntime as ort
 
     prompt = np.random.default_rng(0).integers(0, vocab, (1, tokens), dtype=np.int64)
@@ -227,6 +348,8 @@ def same_logits(export_path: str, fused_path: str, vocab: int, *, tokens: int = 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.log_severity_level = 3  # the fused graph's logits_to_keep initializer warns at every load
+        if float_weights:
+            options.add_session_config_entry("session.disable_quant_qdq", "1")
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
         feeds: dict[str, np.ndarray] = {"input_ids": prompt, "attention_mask": np.ones_like(prompt),

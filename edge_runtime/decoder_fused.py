@@ -103,8 +103,7 @@ class _FusedDecoder(_Decoder):
         total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"]), self.const("one", np.int64(1))])],
                      to=TensorProto.INT32)
         cos, sin = self.mrope_rotary() if self.mrope else self.rotary_caches()
-        x = "inputs_embeds" if self.embeds else g.op(
-            "Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
+        x = "inputs_embeds" if self.embeds else self.embedding()
         h, residual = self.simplified_norm(x, "model.layers.0.input_layernorm.weight")
         inputs, outputs = [], []
         kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", s.head_dim]

@@ -136,6 +136,31 @@ class NBitsWeight:
         return self.k, self.bits, self.block_size, self.accuracy_level
 
 
+@dataclass(frozen=True)
+class Int8Weight:
+    """A linear layer's (or the embedding's) weight as 8-bit integers with one scale per output (read
+    from an export onnxruntime's ``quantize_dynamic`` wrote, transformers.js' ``model_quantized.onnx``):
+    ``q`` [N, K] int8 (or uint8 with ``zero_point``), ``scale`` [N] float32, ``zero_point`` [N] of
+    ``q``'s type or None (0). It stands for ``(q - zero_point) * scale[:, None]``. The builder emits it
+    as ``DequantizeLinear`` (per output column) before the MatMul, the exact weights in standard ONNX;
+    ``per_token_int8`` turns that into ``MatMulInteger`` on the same integers."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1]
+
+    def dequantized(self) -> np.ndarray:
+        """The float32 [N, K] weights, as ``DequantizeLinear`` computes them."""
+        q = self.q.astype(np.int32)
+        if self.zero_point is not None:
+            q = q - self.zero_point.astype(np.int32)[:, None]
+        return q.astype(np.float32) * self.scale[:, None]
+
+
 FAMILIES = ("qwen2", "qwen3", "llama")
 
 
@@ -204,8 +229,12 @@ class _Decoder:
         """``x`` times the weights ``names`` (Hugging Face [out, in] arrays, or ``NBitsWeight``s) stacked
         along their outputs: one MatMul, or one ``MatMulNBits`` for quantized ones (one pass over ``x``)."""
         weights = [self.w[n] for n in names]
-        if not any(isinstance(w, NBitsWeight) for w in weights):
+        if all(isinstance(w, Int8Weight) for w in weights):
+            return self.g.op("MatMul", [x, self.dequantize_columns(label, weights)])
+        if not any(isinstance(w, (NBitsWeight, Int8Weight)) for w in weights):
             return self.g.op("MatMul", [x, self.const(label, np.ascontiguousarray(np.concatenate(weights, axis=0).T))])
+        if any(isinstance(w, Int8Weight) for w in weights):
+            raise ValueError(f"{names} mix float or MatMulNBits weights with 8-bit integer ones")
         if not all(isinstance(w, NBitsWeight) for w in weights) or len({w.attributes() for w in weights}) > 1:
             raise ValueError(f"{names} mix float and quantized weights or MatMulNBits settings")
         first = weights[0]
@@ -218,6 +247,33 @@ class _Decoder:
         return self.g.op("MatMulNBits", inputs, domain="com.microsoft", K=first.k,
                          N=sum(w.shape[0] for w in weights), bits=first.bits, block_size=first.block_size,
                          accuracy_level=first.accuracy_level)
+
+    def dequantize_columns(self, label: str, weights: list[Int8Weight]) -> str:
+        """``Int8Weight``s stacked along their outputs as one [K, N] weight: ``DequantizeLinear`` with a scale
+        (and zero point) per column, which ONNX Runtime folds into its 8-bit kernel and ``per_token_int8``
+        rewrites as ``MatMulInteger``."""
+        if len({w.q.dtype for w in weights}) > 1 or len({w.zero_point is None for w in weights}) > 1:
+            raise ValueError(f"{label}: 8-bit weights of different types or zero points stacked together")
+        inputs = [self.const(label + ".int8", np.ascontiguousarray(np.concatenate([w.q for w in weights]).T)),
+                  self.const(label + ".int8_scale", np.concatenate([w.scale for w in weights]).astype(np.float32))]
+        if weights[0].zero_point is not None:
+            inputs.append(self.const(label + ".int8_zero_point", np.concatenate([w.zero_point for w in weights])))
+        return self.g.op("DequantizeLinear", inputs, axis=1)
+
+    def embedding(self) -> str:
+        """The rows of ``input_ids`` from the embedding table: a Gather, and for an ``Int8Weight`` table with
+        one scale for all of it (``quantize_dynamic``'s Gather) a Gather of its integers then
+        ``DequantizeLinear``, so the table stays 8-bit in memory as in the export."""
+        table = self.w["model.embed_tokens.weight"]
+        if not isinstance(table, Int8Weight):
+            return self.g.op("Gather", [self.const("model.embed_tokens.weight", table), "input_ids"])
+        zero = table.zero_point if table.zero_point is not None else np.zeros(1, table.q.dtype)
+        if np.ptp(table.scale) or np.ptp(zero):  # a scale per row: no per-tensor form, so dequantize it here
+            return self.g.op("Gather", [self.const("model.embed_tokens.weight", table.dequantized()), "input_ids"])
+        name = "model.embed_tokens.weight.int8"
+        rows = self.g.op("Gather", [self.const(name, table.q), "input_ids"])
+        return self.g.op("DequantizeLinear", [rows, self.const(name + "_scale", table.scale[:1].reshape(())),
+                                              self.const(name + "_zero_point", zero[:1].reshape(()))])
 
     def linear(self, x: str, name: str) -> str:
         """``x @ W.T (+ b)``; the bias is optional (Qwen2 has q/k/v biases, Llama none)."""
@@ -296,8 +352,7 @@ class _Decoder:
         allowed = g.op("And", [causal, keep])  # [batch, seq, total]
         allowed = g.op("Unsqueeze", [allowed, self.const("ax", np.array([1, 2], np.int64))])
         bias = g.op("Where", [allowed, self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))])
-        x = "inputs_embeds" if self.embeds else g.op(
-            "Gather", [self.const("model.embed_tokens.weight", self.w["model.embed_tokens.weight"]), "input_ids"])
+        x = "inputs_embeds" if self.embeds else self.embedding()
         inputs, outputs = [], []
         for n in range(s.layers):
             p = f"model.layers.{n}."

@@ -1,10 +1,12 @@
 """Benchmark: an optimum export served as exported against its fused rebuild (``generation.fused_exports``).
 
-The generation benchmark's ~31M Qwen2-style model (``bench_generate.SHAPES``; ``--shape 0.5b``
-for Qwen2.5-0.5B's body), exported by ``optimum`` as users get it from onnx-community, in three
-files: fp32 ``model.onnx``, and the int4 ``model_q4.onnx`` transformers.js' quantizer writes
-(onnxruntime's ``MatMulNBitsQuantizer``: block 32, symmetric, no accuracy level = 0) and the same
-at accuracy level 4. Each file is loaded twice by the engine: ``fuse_exports`` off (the export's
+The generation benchmark's ~31M Qwen2-style model (``bench_generate.SHAPES``; ``--shape 0.5b`` for
+Qwen2.5-0.5B's body), exported by ``optimum`` as users get it from onnx-community, in four files:
+fp32 ``model.onnx``, the int4 ``model_q4.onnx`` transformers.js' quantizer writes (onnxruntime's
+``MatMulNBitsQuantizer``: block 32, symmetric, no accuracy level = 0), the same at accuracy level 4,
+and its int8 ``model_quantized.onnx`` (onnxruntime's ``quantize_dynamic`` as transformers.js runs it
+for a decoder: int8 weights per tensor, ``DynamicQuantizeLinear`` + ``MatMulInteger``, the embedding
+as a uint8 Gather). Each file is loaded twice by the engine: ``fuse_exports`` off (the export's
 graph: ~45 nodes a layer, two KV buffers swapped every step, every position's logits) and on (the
 default: rebuilt as the fused graph with the file's own weights). The two loads of a file are the
 alternative a user has and the one a default load gives.
@@ -12,10 +14,12 @@ alternative a user has and the one a default load gives.
 Per file and context (``--context``, default 64 and 1,024 prompt tokens): single-stream decode
 tokens/s and time to first token, 128 new greedy tokens (EOS ignored); aggregate tokens/s of 8
 concurrent streams; how many leading greedy tokens of both loads agree (of 128: at accuracy level 4
-activations are rounded to int8, so one fp32 rounding apart can flip a near-tie of random weights). Rounds interleave every side (the order
-rotating); each figure is the best of its rounds. Prints JSON, writes a PNG.
+activations are rounded to int8, so one fp32 rounding apart can flip a near-tie of random weights).
+Rounds interleave every side (the order rotating); each figure is the best of its rounds. Prints
+JSON, writes a PNG.
 
-Usage: ``python tools/bench_export_rebuild.py [--rounds 3] [--threads 2] [--shape small|0.5b] [--out DIR]``
+Usage: ``python tools/bench_export_rebuild.py [--rounds 3] [--threads 2] [--shape small|0.5b]
+[--files fp32,q4,q4-level4,q8] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -39,26 +43,34 @@ from bench_generate import SHAPES, best, ours_single, ours_streams  # noqa: E402
 from bench_report import publish  # noqa: E402
 from hf_decoders import optimum_folder  # noqa: E402
 
-# file -> (precision setting, accuracy level of its MatMulNBits or None for fp32)
-FILES = {"fp32": ("fp32", None), "q4": ("q4", 0), "q4-level4": ("q4", 4)}
+# file -> (precision setting, accuracy level of its MatMulNBits or None for fp32 and q8)
+FILES = {"fp32": ("fp32", None), "q4": ("q4", 0), "q4-level4": ("q4", 4), "q8": ("q8", None)}
 
 
-def community_folder(export: Path, out: Path) -> dict[str, Path]:
-    """One onnx-community-layout folder per file (a folder's ``onnx/model_q4.onnx`` is one file, so the
-    level-4 variant gets a folder of its own); cached under ``out``."""
+def community_folder(export: Path, out: Path, names: list[str]) -> dict[str, Path]:
+    """One onnx-community-layout folder per file of ``names`` (a folder's ``onnx/model_q4.onnx`` is one
+    file, so the level-4 variant gets a folder of its own); cached under ``out``."""
     import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     folders = {}
-    for name, (precision, level) in FILES.items():
+    for name in names:
+        precision, level = FILES[name]
         folder = out / f"community-{name}"
-        target = folder / "onnx" / ("model.onnx" if level is None else "model_q4.onnx")
+        files = {"fp32": "model.onnx", "q4": "model_q4.onnx", "q8": "model_quantized.onnx"}
+        target = folder / "onnx" / files[precision]
         if not target.is_file():
             shutil.rmtree(folder, ignore_errors=True)
             (folder / "onnx").mkdir(parents=True)
             for item in export.iterdir():
                 if item.is_file() and not item.name.startswith("model.onnx"):
                     shutil.copy2(item, folder / item.name)
+            if precision == "q8":  # transformers.js' q8 of a decoder: QInt8 weights, per tensor, full range
+                quantize_dynamic(export / "model.onnx", target, weight_type=QuantType.QInt8,
+                                 extra_options={"MatMulConstBOnly": True, "EnableSubgraph": True})
+                folders[name] = folder
+                continue
             proto = onnx.load(str(export / "model.onnx"))
             if level is not None:
                 kwargs = {} if level == 0 else {"accuracy_level": level}  # transformers.js sets none
@@ -77,6 +89,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--context", default="64,1024")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--files", default=",".join(FILES), help=f"which of {', '.join(FILES)}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "export-rebuild")
     parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "edge-runtime" / "bench-models")
     args = parser.parse_args()
@@ -85,7 +98,10 @@ def main() -> None:
 
     spec, new = SHAPES[args.shape], args.new_tokens
     contexts = [int(c) for c in args.context.split(",")]
-    folders = community_folder(optimum_folder(spec, args.models), args.models / f"rebuild-{spec.key}")
+    names = [name for name in args.files.split(",") if name]
+    if not names or set(names) - set(FILES):
+        parser.error(f"--files: a comma-separated list of {', '.join(FILES)}")
+    folders = community_folder(optimum_folder(spec, args.models), args.models / f"rebuild-{spec.key}", names)
     base = GenerationSettings(max_batch_size=8, threads=args.threads, max_seq_len=2048, prefix_cache_bytes=0,
                               prefill_chunk_tokens=512)
     models: dict[str, Any] = {}

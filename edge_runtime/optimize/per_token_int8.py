@@ -14,6 +14,11 @@ constant 2-D weight ``W [K, N]``:
 The row quantization is shared by the MatMuls that read the same activation (the
 packed q/k/v, gate/up).
 
+A MatMul whose weight is already 8-bit — ``DequantizeLinear`` of a constant int8 ``[K, N]``
+with a scale per tensor or per column and no zero point, as ``decoder_zoo`` writes an
+``Int8Weight`` read from a ``quantize_dynamic`` export — keeps those integers and scales
+exactly (``only_given``: only those are rewritten).
+
 Why by hand: ``onnxruntime.quantization.quantize_dynamic`` writes the same integer
 product but quantizes each activation per tensor (``DynamicQuantizeLinear``: one
 scale for the whole [batch, sequence, hidden] input). In a continuous batch a row's
@@ -43,14 +48,19 @@ from edge_runtime.optimize.quantize import Int8Settings
 PREFIX = "per_token_int8"  # names of the nodes and initializers this module adds
 
 
-def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] = ()) -> tuple[Any, int]:
+def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] = (),
+                   only_given: bool = False) -> tuple[Any, int]:
     """``proto`` (weights loaded; changed in place and returned) with every MatMul of a constant 2-D
     weight, but the nodes named in ``exclude``, as a per-token int8 ``MatMulInteger``; and how many
-    were rewritten."""
+    were rewritten. ``only_given``: only MatMuls whose weights are given as int8 (see the module
+    docstring); float ones stay."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = proto.graph
     weights = {t.name: t for t in graph.initializer}
+    limit = 63.0 if settings.reduce_range else 127.0
+    given = {node.output[0]: _given_int8(node, weights, limit) for node in graph.node
+             if node.op_type == "DequantizeLinear"}
     readers: dict[str, int] = {}  # how many nodes read each name, and how many of them are MatMuls
     matmul_readers: dict[str, int] = {}
     for node in graph.node:
@@ -59,7 +69,6 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
         if node.op_type == "MatMul" and len(node.input) == 2 and node.name not in exclude:
             matmul_readers[node.input[1]] = matmul_readers.get(node.input[1], 0) + 1
     signed = settings.activation_signed
-    limit = 63.0 if settings.reduce_range else 127.0
     constants = [numpy_helper.from_array(np.array(1 / 127, np.float32), f"{PREFIX}.inv127"),
                  numpy_helper.from_array(np.array(1e-30, np.float32), f"{PREFIX}.tiny")]
     if not signed:
@@ -71,8 +80,10 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
     nodes, added, replaced, converted = [], [], set(), set()
     rows: dict[str, tuple[str, str]] = {}  # activation name -> (its quantized name, its row scales)
     for node in graph.node:
-        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and node.name not in exclude else None
-        if weight is None or len(weight.dims) != 2:
+        rewritable = node.op_type == "MatMul" and node.name not in exclude
+        integers = given.get(node.input[1]) if rewritable else None
+        weight = weights.get(node.input[1]) if rewritable and not only_given else None
+        if integers is None and (weight is None or len(weight.dims) != 2):
             nodes.append(node)
             continue
         x = node.input[0]
@@ -97,28 +108,54 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
                           helper.make_node("Cast", [f"{p}.shift"], [f"{p}.q"], to=TensorProto.UINT8, name=f"{p}.q")]
             rows[x] = (f"{p}.q", f"{p}.scale")
         quantized, row_scale = rows[x]
-        name, out = weight.name, node.output[0]
-        if name not in converted:  # a weight read by two MatMuls (tied) is converted once
-            converted.add(name)
-            w = numpy_helper.to_array(weight).astype(np.float32)
-            column_scale = np.maximum(np.abs(w).max(axis=0) / limit, 1e-30).astype(np.float32)
-            w_int8 = np.clip(np.round(w / column_scale), -limit, limit).astype(np.int8)
-            added += [numpy_helper.from_array(w_int8, f"{name}.int8"),
-                      numpy_helper.from_array(column_scale, f"{name}.int8_scale")]
-        if readers[name] == matmul_readers[name]:
-            replaced.add(name)  # read only by MatMuls that are all rewritten: the fp32 copy goes
-        inputs = [quantized, f"{name}.int8"] + ([] if signed else [f"{PREFIX}.zero_point"])
+        out = node.output[0]
+        if integers is not None:
+            w_name, scale_name = integers
+        else:
+            name = weight.name
+            w_name, scale_name = f"{name}.int8", f"{name}.int8_scale"
+            if name not in converted:  # a weight read by two MatMuls (tied) is converted once
+                converted.add(name)
+                w = numpy_helper.to_array(weight).astype(np.float32)
+                column_scale = np.maximum(np.abs(w).max(axis=0) / limit, 1e-30).astype(np.float32)
+                w_int8 = np.clip(np.round(w / column_scale), -limit, limit).astype(np.int8)
+                added += [numpy_helper.from_array(w_int8, w_name), numpy_helper.from_array(column_scale, scale_name)]
+            if readers[name] == matmul_readers[name]:
+                replaced.add(name)  # read only by MatMuls that are all rewritten: the fp32 copy goes
+        inputs = [quantized, w_name] + ([] if signed else [f"{PREFIX}.zero_point"])
         base = node.name or out
         nodes += [helper.make_node("MatMulInteger", inputs, [f"{out}.int32"], name=f"{base}.int8"),
                   helper.make_node("Cast", [f"{out}.int32"], [f"{out}.float"], to=TensorProto.FLOAT,
                                    name=f"{base}.float"),
                   helper.make_node("Mul", [f"{out}.float", row_scale], [f"{out}.rows"], name=f"{base}.rows"),
-                  helper.make_node("Mul", [f"{out}.rows", f"{name}.int8_scale"], [out], name=f"{base}.columns")]
+                  helper.make_node("Mul", [f"{out}.rows", scale_name], [out], name=f"{base}.columns")]
     if not rows:
         return proto, 0
+    read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+    nodes = [n for n in nodes if n.op_type != "DequantizeLinear" or n.output[0] in read]  # the given ones' went
     kept = [t for t in graph.initializer if t.name not in replaced]
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + constants + added)
     return proto, sum(1 for n in nodes if n.op_type == "MatMulInteger")
+
+
+def _given_int8(node: Any, weights: dict[str, Any], limit: float) -> tuple[str, str] | None:
+    """(integers, scale) of a ``DequantizeLinear`` of a constant int8 [K, N] weight with a scale per tensor
+    or per column and a zero point of 0 (or none), whose integers stay within ``limit`` (7 bits on x86
+    without VNNI); else None (the MatMul it feeds is left as it is)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    q, scale = weights.get(inputs[0]), weights.get(inputs[1])
+    if q is None or scale is None or q.data_type != TensorProto.INT8 or len(q.dims) != 2:
+        return None
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
+    if list(scale.dims) not in ([], [1]) and (list(scale.dims) != [q.dims[1]] or axis not in (1, -1)):
+        return None
+    if inputs[2] and (inputs[2] not in weights or numpy_helper.to_array(weights[inputs[2]]).any()):
+        return None
+    if limit < 127 and np.abs(numpy_helper.to_array(q).astype(np.int16)).max() > limit:
+        return None
+    return inputs[0], inputs[1]

@@ -172,18 +172,88 @@ def test_an_int4_export_is_rebuilt_with_its_own_quantized_weights(onnx_folder: P
         model.close()
 
 
-def test_a_dynamic_int8_export_is_served_as_exported(qwen_folder: Path, tmp_path: Path) -> None:
-    """onnxruntime's quantize_dynamic (transformers.js' model_quantized.onnx): not read back, served as exported."""
+def _integer_columns(proto, scale_of) -> list[tuple[bytes, float]]:
+    """Every column of every MatMulInteger weight of ``proto`` with its scale, sorted: ``scale_of(node)``
+    names the scale initializer (per tensor or per column) of that node's weight."""
+    from onnx import numpy_helper
+
+    arrays = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    columns = []
+    for node in proto.graph.node:
+        if node.op_type == "MatMulInteger":
+            q = arrays[node.input[1]]
+            scale = np.broadcast_to(arrays[scale_of(node)].reshape(-1), (q.shape[1],))
+            columns += [(q[:, n].tobytes(), float(scale[n])) for n in range(q.shape[1])]
+    return sorted(columns)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_dynamic_int8_export_is_rebuilt_with_its_own_integers(onnx_folder: Path, tmp_path: Path,
+                                                                per_channel: bool) -> None:
+    """onnxruntime's quantize_dynamic as transformers.js runs it for a decoder (model_quantized.onnx: int8
+    weights, MatMulConstBOnly; per tensor by default, per channel as its option): rebuilt as the fused
+    graph whose MatMulIntegers hold the export's integers and scales, column for column, its embedding
+    table still 8-bit; a row decodes the same alone and in a continuous batch (the export's per-tensor
+    activation scale is shared by the rows of a step); and with activations rounded per token rather
+    than per tensor, its logits are closer to the fp32 model the export was quantized from than the
+    export's own (same weights: the difference is the activations' rounding)."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from edge_runtime.generation.folder import read_folder
     from edge_runtime.generation.fused_exports import fused_export
 
-    folder = _copy(qwen_folder, tmp_path / "q8")
-    quantize_dynamic(qwen_folder / "model.onnx", folder / "model.onnx", weight_type=QuantType.QInt8)
+    folder = _copy(onnx_folder, tmp_path / "q8")
+    quantize_dynamic(onnx_folder / "model.onnx", folder / "model.onnx", weight_type=QuantType.QInt8,
+                     per_channel=per_channel, extra_options={"MatMulConstBOnly": True, "EnableSubgraph": True})
     export = read_folder(folder)
     served, why = fused_export(export, True, tmp_path / "cache")
-    assert served == export and "quantized with" in why and "MatMulInteger" in why
+    assert served.kv_in_place and why.startswith("rebuilt"), why
+    exported, rebuilt = onnx.load(str(folder / "model.onnx")), onnx.load(str(served.model_path))
+    untied = any(n.name.startswith("/lm_head/") and n.op_type == "MatMulInteger" for n in exported.graph.node)
+    assert sum(n.op_type == "MatMulInteger" for n in rebuilt.graph.node) == 4 * export.kv.layers + untied
+    # quantize_dynamic names a weight's scale after it; per_token_int8 multiplies it in the node ".columns"
+    ours = {n.name: n for n in rebuilt.graph.node}
+    assert _integer_columns(rebuilt, lambda n: ours[n.name.removesuffix(".int8") + ".columns"].input[1]) \
+        == _integer_columns(exported, lambda n: n.input[1].removesuffix("_quantized") + "_scale")
+    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    assert any(t.data_type == onnx.TensorProto.UINT8 and list(t.dims) == [export.vocab_size, hidden]
+               for t in rebuilt.graph.initializer)  # the embedding table, as in the export
+    model = _model(folder, tmp_path / "cache", max_batch_size=3)
+    try:
+        prompts = [model.prepare(messages=MESSAGES).ids, model.prepare(messages=MESSAGES[1:]).ids, [7, 8, 9]]
+        alone = [list(model.generate(prompt=ids, max_tokens=16).token_ids) for ids in prompts]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=16).token_ids), prompts))
+        assert together == alone
+    finally:
+        model.close()
+    rng, error = np.random.default_rng(1), {"export": [], "rebuilt": []}
+    for _ in range(8):
+        tokens = [int(t) for t in rng.integers(3, export.vocab_size, 24)]
+        fp32 = _last_logits(onnx_folder / "model.onnx", export.kv, tokens)
+        for side, path in (("export", folder / "model.onnx"), ("rebuilt", served.model_path)):
+            error[side].append(np.abs(_last_logits(path, export.kv, tokens) - fp32).max() / np.abs(fp32).max())
+    assert np.mean(error["rebuilt"]) < np.mean(error["export"]), error
+
+
+def _last_logits(path: Path, layout, tokens: list[int]) -> np.ndarray:
+    """The last position's logits of the decoder graph ``path`` for ``tokens`` from an empty cache."""
+    import onnxruntime as ort
+
+    from edge_runtime.generation.engine import kv_names
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    n = len(tokens)
+    feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, n), np.int64),
+             "position_ids": np.arange(n, dtype=np.int64)[None]}
+    feeds.update({name: np.zeros((1, layout.kv_heads, 0, layout.head_dim), np.float32)
+                  for name in kv_names(layout.layers)[0]})
+    accepted = {i.name for i in session.get_inputs()}
+    return session.run(["logits"], {k: v for k, v in feeds.items() if k in accepted})[0][0, -1]
 
 
 def test_the_logit_check_refuses_a_rebuild_that_misread_the_export(qwen_folder: Path, tmp_path: Path) -> None:

@@ -139,3 +139,45 @@ def test_a_graph_without_constant_weights_is_left_alone() -> None:
     before = model.SerializeToString()
     converted, count = per_token_int8(model, X86_VNNI)
     assert count == 0 and converted.SerializeToString() == before
+
+
+@pytest.mark.aarch64
+@pytest.mark.parametrize("settings", [X86_VNNI, ARM, X86_NO_VNNI], ids=["u8-x86-vnni", "s8-arm", "u8-7bit"])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_given_int8_weights_keep_their_integers_and_scales(settings: Int8Settings, per_column: bool) -> None:
+    """A MatMul of ``DequantizeLinear(int8 weight)`` (an export's own integers, as decoder_zoo writes
+    them) takes those integers and scales as they are: the W8A8 arithmetic on them, not on integers
+    rounded again from the dequantized floats; ``only_given`` leaves a float MatMul beside it alone;
+    integers beyond 7 bits under ``reduce_range`` are left to ONNX Runtime's own kernel."""
+    rng = np.random.default_rng(5)
+    q = rng.integers(-60, 61, (K, N)).astype(np.int8)  # within 7 bits: every setting takes them
+    scale = (rng.random(N if per_column else ()) * 0.01 + 0.001).astype(np.float32)
+    w3 = rng.standard_normal((K, N)).astype(np.float32) * 0.1
+
+    def model_of(integers: np.ndarray) -> onnx.ModelProto:
+        nodes = [helper.make_node("DequantizeLinear", ["q", "s"], ["w"], **({"axis": 1} if per_column else {})),
+                 helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("MatMul", ["x", "w3"], ["z"])]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
+                                  [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+                                  [numpy_helper.from_array(integers, "q"), numpy_helper.from_array(scale, "s"),
+                                   numpy_helper.from_array(w3, "w3")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    model = model_of(q)
+    x = activations()
+    z = run(model, x)[1]
+    converted, count = per_token_int8(model, settings, only_given=True)
+    ops = [n.op_type for n in converted.graph.node]
+    assert count == 1 and "DequantizeLinear" not in ops and ops.count("MatMul") == 1
+    matmul = next(n for n in converted.graph.node if n.op_type == "MatMulInteger")
+    assert matmul.input[1] == "q"  # the given integers, not a copy rounded again
+    row = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / 127, 1e-30)
+    expected = (np.round(x / row).astype(np.int64) @ q.astype(np.int64)).astype(np.float32) \
+        * row.astype(np.float32) * np.broadcast_to(scale, (N,))
+    y_int8, z_after = run(converted, x)
+    np.testing.assert_allclose(y_int8, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    np.testing.assert_array_equal(z_after, z)
+    wide = q.copy()
+    wide[0, 0] = 127
+    _, count = per_token_int8(model_of(wide), settings, only_given=True)
+    assert count == (0 if settings.reduce_range else 1)
