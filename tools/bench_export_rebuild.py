@@ -14,7 +14,9 @@ alternative a user has and the one a default load gives.
 Per file and context (``--context``, default 64 and 1,024 prompt tokens): single-stream decode
 tokens/s and time to first token, 128 new greedy tokens (EOS ignored); aggregate tokens/s of 8
 concurrent streams; how many leading greedy tokens of both loads agree (of 128: at accuracy level 4
-activations are rounded to int8, so one fp32 rounding apart can flip a near-tie of random weights).
+activations are rounded to int8, so one fp32 rounding apart can flip a near-tie of random weights;
+the q8 export rounds them per tensor, its rebuild per token), and, with ``fp32`` among the files,
+how many of each quantized load's agree with the fp32 export's (``tokens_agree_fp32``).
 Rounds interleave every side (the order rotating); each figure is the best of its rounds. Prints
 JSON, writes a PNG.
 
@@ -150,6 +152,12 @@ def main() -> None:
             a, b = ours[-1]["tokens"], theirs[-1]["tokens"]  # the last round's prompt, both loads
             result["tokens_agree"][f"{name}-ctx{context}"] = next(
                 (i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            if "fp32" in folders and name != "fp32":
+                reference = single[f"fp32-exported-ctx{context}"][-1]["tokens"]
+                for load in ("exported", "rebuilt"):
+                    tokens = single[f"{name}-{load}-ctx{context}"][-1]["tokens"]
+                    result.setdefault("tokens_agree_fp32", {})[f"{name}-{load}-ctx{context}"] = next(
+                        (i for i, (x, y) in enumerate(zip(tokens, reference)) if x != y), len(reference))
         result["ratios"][f"{name}-8streams"] = round(
             result["sides"][f"{name}-rebuilt-8streams"]["aggregate_tokens_per_s_best"]
             / result["sides"][f"{name}-exported-8streams"]["aggregate_tokens_per_s_best"], 2)
