@@ -185,11 +185,11 @@ class _Weights:
             raise NotFusable(f"{node.name}: {TensorProto.DataType.Name(tensor.data_type)} weights "
                              f"{list(tensor.dims)} (the rebuild reads 2-D int8 ones)")
         k, n = tensor.dims
+        if inputs[3] and self.array(inputs[3]).any():  # a scalar or [N]: read now, before any weight
+            # symmetric int8 is what quantize_dynamic writes for QInt8; the per-token rewrite needs it
+            raise NotFusable(f"{node.name}: int8 weights with a nonzero zero point")
 
         def load() -> Int8Weight:
-            zero = self.array(inputs[3]) if inputs[3] else np.zeros(1, np.int8)
-            if zero.any():  # symmetric int8 is what quantize_dynamic writes; MatMulInteger's rewrite needs it
-                raise NotFusable(f"{node.name}: int8 weights with a nonzero zero point")
             return Int8Weight(np.ascontiguousarray(self.array(weight).T),
                               np.broadcast_to(self.array(scale).astype(np.float32).reshape(-1), (n,)).copy())
         return (n, k), load

@@ -10,8 +10,9 @@ export removes the earlier ones of the same file. An export quantized by onnxrun
 ``quantize_dynamic`` (transformers.js' ``model_quantized.onnx``) is rebuilt with its own int8
 weights and scales, checked with the activations in float on both sides (its per-tensor
 ``DynamicQuantizeLinear`` and our per-token scales round differently), then served as per-token
-``MatMulInteger`` (``per_token_int8``): the fastest int8 form measured here, and a row's result does
-not depend on the rows batched with it, as the export's per-tensor activation scale does. An export
+``MatMulInteger`` (``per_token_int8``): a row's result does not depend on the rows batched with it,
+as it does under the export's per-tensor activation scale, and the integer GEMM reads the weights
+once per step, not once per row (see ``_integer_matmuls`` for its speed). An export
 that cannot be rebuilt (``NotFusable``: another family, fp16 weights, a rope scaling other than
 Llama 3's, logits that differ) is served as it is, and the reason is logged and kept beside the key
 so the check is not repeated at every load. A rebuild that fails otherwise (a full disk, a read-only
@@ -125,10 +126,13 @@ def _checked_pair(export_path: Path, work: Path, export: Any, fused: Any) -> tup
 
 def _integer_matmuls(work: Path) -> int:
     """The checked rebuild in ``work`` with its 8-bit weights (``DequantizeLinear`` of the export's integers)
-    as per-token ``MatMulInteger`` on those integers (``per_token_int8``); how many. Measured on an AMD
-    Zen 4 host, 2 threads, an 896 x 4,864 weight (best of 5 x 300 runs of a one-off script, µs at 1 / 8
-    rows): this form 84 / 436, ONNX Runtime's own fusion of the DequantizeLinear (8-bit MatMulNBits,
-    accuracy level 4) 184 / 822, fp32 663 / 1,399."""
+    as per-token ``MatMulInteger`` on those integers (``per_token_int8``); how many. Left as it is, ONNX
+    Runtime would fuse each DequantizeLinear into an 8-bit MatMulNBits at accuracy level 4 (per-row
+    int8 blocks: batch-invariant too). Measured on an AMD Zen 4 host, 2 threads, an 896 x 4,864 weight
+    (the 0.5B's MLP; best of 5 x 300 runs of a one-off script, µs at 1 / 8 rows): this form 84 / 436,
+    that MatMulNBits 184 / 822, fp32 663 / 1,399; on the 31M decoder's 512-wide weights the two are
+    closer (``quantize --mode int8`` timed 2.67 / 7.23 ms a decode step against 2.31 / 7.58 there),
+    and ``quantize`` keeps timing both for folders it writes."""
     import onnx
 
     from edge_runtime.optimize.per_token_int8 import per_token_int8

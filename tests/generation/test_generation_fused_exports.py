@@ -113,6 +113,8 @@ def test_the_rebuild_is_cached_and_follows_the_export(onnx_folder: Path, tmp_pat
 
 
 def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_folder: Path, tmp_path: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     from edge_runtime.generation.folder import read_folder
     from edge_runtime.generation.fused_exports import fused_export
 
@@ -125,6 +127,10 @@ def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_f
     other = _copy(onnx_folder, tmp_path / "other")
     (other / "config.json").write_text(json.dumps({**config, "model_type": "phi3"}))
     cases[other] = "model_type 'phi3'"
+    uint8 = _copy(onnx_folder, tmp_path / "uint8")  # transformers.js' model_uint8.onnx: weights with zero points
+    quantize_dynamic(onnx_folder / "model.onnx", uint8 / "model.onnx", weight_type=QuantType.QUInt8,
+                     extra_options={"MatMulConstBOnly": True})
+    cases[uint8] = "UINT8 weights"
     for folder, reason in cases.items():
         export = read_folder(folder)
         served, why = fused_export(export, True, tmp_path / "cache")
