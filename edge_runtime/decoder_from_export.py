@@ -24,9 +24,9 @@ by onnxruntime's ``MatMulNBitsQuantizer`` (transformers.js' ``model_q4.onnx``, o
 ``quantize``), which stay ``MatMulNBits`` as they are (q/k/v and gate/up concatenated along
 N), or by its ``quantize_dynamic`` with int8 weights (transformers.js' ``model_quantized.onnx``:
 ``DynamicQuantizeLinear`` + ``MatMulInteger`` per linear layer, a uint8 embedding table), read as
-``Int8Weight``s, the same integers and scales. Other quantized forms (uint8 weights with zero
-points in the layers, QDQ, ``MatMulIntegerToFloat``), fp16 exports, other rope scalings (YaRN,
-dynamic NTK ...), sliding windows and other families keep the export.
+``Int8Weight``s, the same integers, scales and zero points (its uint8 weight type too, transformers.js'
+``model_uint8.onnx``). Other quantized forms (QDQ, ``MatMulIntegerToFloat``), fp16 exports, other
+rope scalings (YaRN, dynamic NTK ...), sliding windows and other families keep the export.
 """
 
 from __future__ import annotations
@@ -181,17 +181,18 @@ class _Weights:
         if weight not in self.initializers or (inputs[3] and inputs[3] not in self.initializers) or scale is None:
             raise NotFusable(f"{node.name}: a MatMulInteger whose weight, zero point or scale is not a constant")
         tensor = self.initializers[weight]
-        if tensor.data_type != TensorProto.INT8 or len(tensor.dims) != 2:
+        if tensor.data_type not in (TensorProto.INT8, TensorProto.UINT8) or len(tensor.dims) != 2:
             raise NotFusable(f"{node.name}: {TensorProto.DataType.Name(tensor.data_type)} weights "
-                             f"{list(tensor.dims)} (the rebuild reads 2-D int8 ones)")
+                             f"{list(tensor.dims)} (the rebuild reads 2-D int8 or uint8 ones)")
         k, n = tensor.dims
-        if inputs[3] and self.array(inputs[3]).any():  # a scalar or [N]: read now, before any weight
-            # symmetric int8 is what quantize_dynamic writes for QInt8; the per-token rewrite needs it
-            raise NotFusable(f"{node.name}: int8 weights with a nonzero zero point")
+        # QInt8 weights are symmetric (zero point 0: none kept); QUInt8 ones (model_uint8.onnx) are not
+        zero = self.array(inputs[3]) if inputs[3] else None  # a scalar or [N]: small, read now
 
         def load() -> Int8Weight:
-            return Int8Weight(np.ascontiguousarray(self.array(weight).T),
-                              np.broadcast_to(self.array(scale).astype(np.float32).reshape(-1), (n,)).copy())
+            def columns(values: np.ndarray) -> np.ndarray:
+                return np.broadcast_to(values.reshape(-1), (n,)).copy()
+            return Int8Weight(np.ascontiguousarray(self.array(weight).T), columns(self.array(scale).astype(np.float32)),
+                              columns(zero) if zero is not None and zero.any() else None)
         return (n, k), load
 
     def weight_scale(self, node: Any) -> str | None:

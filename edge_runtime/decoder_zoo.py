@@ -139,8 +139,8 @@ class NBitsWeight:
 @dataclass(frozen=True)
 class Int8Weight:
     """A linear layer's (or the embedding's) weight as 8-bit integers with one scale per output (read
-    from an export onnxruntime's ``quantize_dynamic`` wrote, transformers.js' ``model_quantized.onnx``):
-    ``q`` [N, K] int8 (or uint8 with ``zero_point``), ``scale`` [N] float32, ``zero_point`` [N] of
+    from an export onnxruntime's ``quantize_dynamic`` wrote, transformers.js' ``model_quantized.onnx`` or
+    ``model_uint8.onnx``): ``q`` [N, K] int8 or uint8, ``scale`` [N] float32, ``zero_point`` [N] of
     ``q``'s type or None (0). It stands for ``(q - zero_point) * scale[:, None]``. The builder emits it
     as ``DequantizeLinear`` (per output column) before the MatMul, the exact weights in standard ONNX;
     ``per_token_int8`` turns that into ``MatMulInteger`` on the same integers."""

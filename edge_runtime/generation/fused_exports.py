@@ -7,7 +7,7 @@ graph's logits equal the export's (``same_logits``: a prompt and a decode step) 
 cache (``<cache>/fused-exports/<key>/``), keyed by the export's files (path, size, modification
 time), its ``config.json`` and the rebuild's version, so later loads reuse it; a new rebuild of an
 export removes the earlier ones of the same file. An export quantized by onnxruntime's
-``quantize_dynamic`` (transformers.js' ``model_quantized.onnx``) is rebuilt with its own int8
+``quantize_dynamic`` (transformers.js' ``model_quantized.onnx``, ``model_uint8.onnx``) is rebuilt with its own int8
 weights and scales, checked with the activations in float on both sides (its per-tensor
 ``DynamicQuantizeLinear`` and our per-token scales round differently), then served as per-token
 ``MatMulInteger`` (``per_token_int8``): a row's result does not depend on the rows batched with it,
@@ -42,7 +42,7 @@ from edge_runtime.generation.settings import GenerationSettings
 log = logging.getLogger(__name__)
 
 CACHE_SUBDIR = "fused-exports"
-VERSION = 3  # of the rebuild: a change to decoder_fused/decoder_from_export that alters the graph bumps it
+VERSION = 4  # of the rebuild: a change to decoder_fused/decoder_from_export that alters the graph bumps it
 DONE, REFUSED = "fused.json", "refused.json"
 
 
@@ -128,11 +128,13 @@ def _integer_matmuls(work: Path) -> int:
     """The checked rebuild in ``work`` with its 8-bit weights (``DequantizeLinear`` of the export's integers)
     as per-token ``MatMulInteger`` on those integers (``per_token_int8``); how many. Left as it is, ONNX
     Runtime would fuse each DequantizeLinear into an 8-bit MatMulNBits at accuracy level 4 (per-row
-    int8 blocks: batch-invariant too). Measured on an AMD Zen 4 host, 2 threads, an 896 x 4,864 weight
-    (the 0.5B's MLP; best of 5 x 300 runs of a one-off script, µs at 1 / 8 rows): this form 84 / 436,
-    that MatMulNBits 184 / 822, fp32 663 / 1,399; on the 31M decoder's 512-wide weights the two are
-    closer (``quantize --mode int8`` timed 2.67 / 7.23 ms a decode step against 2.31 / 7.58 there),
-    and ``quantize`` keeps timing both for folders it writes."""
+    int8 blocks: batch-invariant too), which reads its weights once per row: on an AMD Zen 4 host, 2
+    threads, a quiet machine, an 896 x 4,864 int8 weight took 97 / 173 µs at 1 / 8 rows in this form
+    against 63 / 307 fused (best of 5 x 300 runs of a one-off script); whole decode steps, as
+    ``quantize --mode int8`` timed them there, 2.67 / 7.23 ms against 2.31 / 7.58 on the 31M decoder
+    and 28.3 / 52.0 against 32.0 / 63.1 on the 0.5B. So this form is kept: it wins wherever several
+    streams share a step and on the larger model alone; ``quantize`` still times both for the folders
+    it writes (a measured choice here is left for later)."""
     import onnx
 
     from edge_runtime.optimize.per_token_int8 import per_token_int8

@@ -14,10 +14,11 @@ constant 2-D weight ``W [K, N]``:
 The row quantization is shared by the MatMuls that read the same activation (the
 packed q/k/v, gate/up).
 
-A MatMul whose weight is already 8-bit — ``DequantizeLinear`` of a constant int8 ``[K, N]``
-with a scale per tensor or per column and no zero point, as ``decoder_zoo`` writes an
-``Int8Weight`` read from a ``quantize_dynamic`` export — keeps those integers and scales
-exactly (``only_given``: only those are rewritten).
+A MatMul whose weight is already 8-bit — ``DequantizeLinear`` of a constant int8 or uint8
+``[K, N]`` with a scale and zero point per tensor or per column, as ``decoder_zoo`` writes an
+``Int8Weight`` read from a ``quantize_dynamic`` export — keeps those integers, scales and zero
+points exactly, the zero point as ``MatMulInteger``'s own (``only_given``: only those are
+rewritten).
 
 Why by hand: ``onnxruntime.quantization.quantize_dynamic`` writes the same integer
 product but quantizes each activation per tensor (``DynamicQuantizeLinear``: one
@@ -109,8 +110,13 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
             rows[x] = (f"{p}.q", f"{p}.scale")
         quantized, row_scale = rows[x]
         out = node.output[0]
+        weight_zero: list[str] = []
         if integers is not None:
-            w_name, scale_name = integers
+            w_name, scale_name, zero_name = integers
+            if zero_name:  # MatMulInteger then takes the activation's zero point too: 0 for signed ones
+                weight_zero = [f"{PREFIX}.zero_point" if not signed else f"{PREFIX}.zero_point_s8", zero_name]
+                if signed and not any(t.name == f"{PREFIX}.zero_point_s8" for t in constants):
+                    constants.append(numpy_helper.from_array(np.array(0, np.int8), f"{PREFIX}.zero_point_s8"))
         else:
             name = weight.name
             w_name, scale_name = f"{name}.int8", f"{name}.int8_scale"
@@ -122,7 +128,7 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
                 added += [numpy_helper.from_array(w_int8, w_name), numpy_helper.from_array(column_scale, scale_name)]
             if readers[name] == matmul_readers[name]:
                 replaced.add(name)  # read only by MatMuls that are all rewritten: the fp32 copy goes
-        inputs = [quantized, w_name] + ([] if signed else [f"{PREFIX}.zero_point"])
+        inputs = [quantized, w_name] + (weight_zero or ([] if signed else [f"{PREFIX}.zero_point"]))
         base = node.name or out
         nodes += [helper.make_node("MatMulInteger", inputs, [f"{out}.int32"], name=f"{base}.int8"),
                   helper.make_node("Cast", [f"{out}.int32"], [f"{out}.float"], to=TensorProto.FLOAT,
@@ -141,21 +147,28 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
     return proto, sum(1 for n in nodes if n.op_type == "MatMulInteger")
 
 
-def _given_int8(node: Any, weights: dict[str, Any], limit: float) -> tuple[str, str] | None:
-    """(integers, scale) of a ``DequantizeLinear`` of a constant int8 [K, N] weight with a scale per tensor
-    or per column and a zero point of 0 (or none), whose integers stay within ``limit`` (7 bits on x86
-    without VNNI); else None (the MatMul it feeds is left as it is)."""
+def _given_int8(node: Any, weights: dict[str, Any], limit: float) -> tuple[str, str, str] | None:
+    """(integers, scale, zero point or "") of a ``DequantizeLinear`` of a constant int8 or uint8 [K, N]
+    weight with a scale (and zero point) per tensor or per column; an int8 one without a zero point
+    only where its integers stay within ``limit`` (7 bits: x86 without VNNI, where u8 x s8 products can
+    saturate). Else None: the MatMul it feeds is left as it is (ONNX Runtime fuses it into its own
+    8-bit kernel)."""
     from onnx import TensorProto, helper, numpy_helper
 
     inputs = list(node.input) + [""] * (3 - len(node.input))
     q, scale = weights.get(inputs[0]), weights.get(inputs[1])
-    if q is None or scale is None or q.data_type != TensorProto.INT8 or len(q.dims) != 2:
+    if q is None or scale is None or q.data_type not in (TensorProto.INT8, TensorProto.UINT8) or len(q.dims) != 2:
         return None
     axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
-    if list(scale.dims) not in ([], [1]) and (list(scale.dims) != [q.dims[1]] or axis not in (1, -1)):
+    for part in [scale] + ([weights[inputs[2]]] if inputs[2] in weights else []):
+        if list(part.dims) not in ([], [1]) and (list(part.dims) != [q.dims[1]] or axis not in (1, -1)):
+            return None
+    if inputs[2] and inputs[2] not in weights:
         return None
-    if inputs[2] and (inputs[2] not in weights or numpy_helper.to_array(weights[inputs[2]]).any()):
-        return None
+    if inputs[2] and numpy_helper.to_array(weights[inputs[2]]).any():
+        return inputs[0], inputs[1], inputs[2]
+    if q.data_type == TensorProto.UINT8:  # a zero point of 0: uint8 integers as they are
+        return inputs[0], inputs[1], inputs[2]
     if limit < 127 and np.abs(numpy_helper.to_array(q).astype(np.int16)).max() > limit:
         return None
-    return inputs[0], inputs[1]
+    return inputs[0], inputs[1], ""

@@ -113,6 +113,8 @@ def test_the_rebuild_is_cached_and_follows_the_export(onnx_folder: Path, tmp_pat
 
 
 def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_folder: Path, tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from edge_runtime.generation.folder import read_folder
@@ -127,10 +129,15 @@ def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_f
     other = _copy(onnx_folder, tmp_path / "other")
     (other / "config.json").write_text(json.dumps({**config, "model_type": "phi3"}))
     cases[other] = "model_type 'phi3'"
-    uint8 = _copy(onnx_folder, tmp_path / "uint8")  # transformers.js' model_uint8.onnx: weights with zero points
-    quantize_dynamic(onnx_folder / "model.onnx", uint8 / "model.onnx", weight_type=QuantType.QUInt8,
+    integer = _copy(onnx_folder, tmp_path / "int32")  # MatMulInteger's weights as something else than 8 bits
+    quantize_dynamic(onnx_folder / "model.onnx", integer / "model.onnx", weight_type=QuantType.QInt8,
                      extra_options={"MatMulConstBOnly": True})
-    cases[uint8] = "UINT8 weights"
+    graph = onnx.load(str(integer / "model.onnx"))
+    weight = next(t for t in graph.graph.initializer if t.name.endswith("_quantized") and len(t.dims) == 2
+                  and any(n.op_type == "MatMulInteger" and n.input[1] == t.name for n in graph.graph.node))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.int32), weight.name))
+    onnx.save(graph, str(integer / "model.onnx"))
+    cases[integer] = "INT32 weights"
     for folder, reason in cases.items():
         export = read_folder(folder)
         served, why = fused_export(export, True, tmp_path / "cache")
@@ -178,50 +185,65 @@ def test_an_int4_export_is_rebuilt_with_its_own_quantized_weights(onnx_folder: P
         model.close()
 
 
-def _integer_columns(proto, scale_of) -> list[tuple[bytes, float]]:
-    """Every column of every MatMulInteger weight of ``proto`` with its scale, sorted: ``scale_of(node)``
-    names the scale initializer (per tensor or per column) of that node's weight."""
+def _integer_columns(proto, scale_of, vocab: int) -> list[tuple[bytes, float, int]]:
+    """Every column of every MatMulInteger weight of ``proto`` but the LM head's (``vocab`` columns) with its
+    scale and zero point, sorted: ``scale_of(node)`` names the scale initializer (per tensor or per
+    column) of that node's weight."""
     from onnx import numpy_helper
 
     arrays = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     columns = []
     for node in proto.graph.node:
-        if node.op_type == "MatMulInteger":
+        if node.op_type == "MatMulInteger" and arrays[node.input[1]].shape[1] != vocab:
             q = arrays[node.input[1]]
             scale = np.broadcast_to(arrays[scale_of(node)].reshape(-1), (q.shape[1],))
-            columns += [(q[:, n].tobytes(), float(scale[n])) for n in range(q.shape[1])]
+            zero = arrays[node.input[3]] if len(node.input) > 3 and node.input[3] else np.zeros(1, q.dtype)
+            zero = np.broadcast_to(zero.reshape(-1), (q.shape[1],))
+            columns += [(q[:, n].tobytes(), float(scale[n]), int(zero[n])) for n in range(q.shape[1])]
     return sorted(columns)
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("weights", ["int8", "int8-per-channel", "uint8"])
 def test_a_dynamic_int8_export_is_rebuilt_with_its_own_integers(onnx_folder: Path, tmp_path: Path,
-                                                                per_channel: bool) -> None:
+                                                                weights: str) -> None:
     """onnxruntime's quantize_dynamic as transformers.js runs it for a decoder (model_quantized.onnx: int8
-    weights, MatMulConstBOnly; per tensor by default, per channel as its option): rebuilt as the fused
-    graph whose MatMulIntegers hold the export's integers and scales, column for column, its embedding
-    table still 8-bit; a row decodes the same alone and in a continuous batch (the export's per-tensor
+    weights, MatMulConstBOnly; per tensor by default, per channel as its option; model_uint8.onnx: uint8
+    weights with zero points): rebuilt as the fused graph whose MatMulIntegers hold the export's
+    integers, scales and zero points, column for column, its embedding table still 8-bit; a row decodes the same alone and in a continuous batch (the export's per-tensor
     activation scale is shared by the rows of a step); and with activations rounded per token rather
     than per tensor, its logits are closer to the fp32 model the export was quantized from than the
     export's own (same weights: the difference is the activations' rounding)."""
     import onnx
+    from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from edge_runtime.generation.folder import read_folder
     from edge_runtime.generation.fused_exports import fused_export
 
     folder = _copy(onnx_folder, tmp_path / "q8")
-    quantize_dynamic(onnx_folder / "model.onnx", folder / "model.onnx", weight_type=QuantType.QInt8,
-                     per_channel=per_channel, extra_options={"MatMulConstBOnly": True, "EnableSubgraph": True})
+    quantize_dynamic(onnx_folder / "model.onnx", folder / "model.onnx",
+                     weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
+                     per_channel=weights.endswith("per-channel"),
+                     extra_options={"MatMulConstBOnly": True, "EnableSubgraph": True})
     export = read_folder(folder)
     served, why = fused_export(export, True, tmp_path / "cache")
     assert served.kv_in_place and why.startswith("rebuilt"), why
     exported, rebuilt = onnx.load(str(folder / "model.onnx")), onnx.load(str(served.model_path))
-    untied = any(n.name.startswith("/lm_head/") and n.op_type == "MatMulInteger" for n in exported.graph.node)
-    assert sum(n.op_type == "MatMulInteger" for n in rebuilt.graph.node) == 4 * export.kv.layers + untied
+    # packed qkv, o, gate+up, down a layer, and the head: the export's own MatMulInteger where it is
+    # untied, else the embedding's uint8 table (the export's head dequantizes it for a float MatMul)
+    assert sum(n.op_type == "MatMulInteger" for n in rebuilt.graph.node) == 4 * export.kv.layers + 1
     # quantize_dynamic names a weight's scale after it; per_token_int8 multiplies it in the node ".columns"
     ours = {n.name: n for n in rebuilt.graph.node}
-    assert _integer_columns(rebuilt, lambda n: ours[n.name.removesuffix(".int8") + ".columns"].input[1]) \
-        == _integer_columns(exported, lambda n: n.input[1].removesuffix("_quantized") + "_scale")
+    vocab = export.vocab_size
+    assert _integer_columns(rebuilt, lambda n: ours[n.name.removesuffix(".int8") + ".columns"].input[1], vocab) \
+        == _integer_columns(exported, lambda n: n.input[1].removesuffix("_quantized") + "_scale", vocab)
+    arrays = {t.name: numpy_helper.to_array(t) for graph in (rebuilt, exported) for t in graph.graph.initializer}
+    head = next(arrays[n.input[1]] for n in rebuilt.graph.node
+                if n.op_type == "MatMulInteger" and arrays[n.input[1]].shape[1] == vocab)
+    untied = next((arrays[n.input[1]] for n in exported.graph.node
+                   if n.op_type == "MatMulInteger" and n.name.startswith("/lm_head/")), None)
+    np.testing.assert_array_equal(head, untied if untied is not None else
+                                  arrays["model.embed_tokens.weight_quantized"].T)
     hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
     assert any(t.data_type == onnx.TensorProto.UINT8 and list(t.dims) == [export.vocab_size, hidden]
                for t in rebuilt.graph.initializer)  # the embedding table, as in the export

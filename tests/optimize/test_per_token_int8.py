@@ -144,23 +144,32 @@ def test_a_graph_without_constant_weights_is_left_alone() -> None:
 @pytest.mark.aarch64
 @pytest.mark.parametrize("settings", [X86_VNNI, ARM, X86_NO_VNNI], ids=["u8-x86-vnni", "s8-arm", "u8-7bit"])
 @pytest.mark.parametrize("per_column", [False, True])
-def test_given_int8_weights_keep_their_integers_and_scales(settings: Int8Settings, per_column: bool) -> None:
+@pytest.mark.parametrize("zero_points", [False, True], ids=["int8", "uint8-zero-points"])
+def test_given_int8_weights_keep_their_integers_and_scales(settings: Int8Settings, per_column: bool,
+                                                           zero_points: bool) -> None:
     """A MatMul of ``DequantizeLinear(int8 weight)`` (an export's own integers, as decoder_zoo writes
     them) takes those integers and scales as they are: the W8A8 arithmetic on them, not on integers
-    rounded again from the dequantized floats; ``only_given`` leaves a float MatMul beside it alone;
-    integers beyond 7 bits under ``reduce_range`` are left to ONNX Runtime's own kernel."""
+    rounded again from the dequantized floats; uint8 integers keep their zero points (MatMulInteger's
+    own); ``only_given`` leaves a float MatMul beside it alone; int8 integers beyond 7 bits under
+    ``reduce_range`` are left to ONNX Runtime's own kernel."""
     rng = np.random.default_rng(5)
     q = rng.integers(-60, 61, (K, N)).astype(np.int8)  # within 7 bits: every setting takes them
     scale = (rng.random(N if per_column else ()) * 0.01 + 0.001).astype(np.float32)
+    zero = rng.integers(90, 160, N if per_column else ()).astype(np.uint8)
+    if zero_points:
+        q = rng.integers(0, 256, (K, N)).astype(np.uint8)
     w3 = rng.standard_normal((K, N)).astype(np.float32) * 0.1
 
     def model_of(integers: np.ndarray) -> onnx.ModelProto:
-        nodes = [helper.make_node("DequantizeLinear", ["q", "s"], ["w"], **({"axis": 1} if per_column else {})),
+        zero_input = ["zp"] if zero_points else []
+        nodes = [helper.make_node("DequantizeLinear", ["q", "s"] + zero_input, ["w"],
+                                  **({"axis": 1} if per_column else {})),
                  helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("MatMul", ["x", "w3"], ["z"])]
         graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
                                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
                                   [numpy_helper.from_array(integers, "q"), numpy_helper.from_array(scale, "s"),
-                                   numpy_helper.from_array(w3, "w3")])
+                                   numpy_helper.from_array(w3, "w3")]
+                                  + ([numpy_helper.from_array(zero, "zp")] if zero_points else []))
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
     model = model_of(q)
@@ -172,12 +181,13 @@ def test_given_int8_weights_keep_their_integers_and_scales(settings: Int8Setting
     matmul = next(n for n in converted.graph.node if n.op_type == "MatMulInteger")
     assert matmul.input[1] == "q"  # the given integers, not a copy rounded again
     row = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / 127, 1e-30)
-    expected = (np.round(x / row).astype(np.int64) @ q.astype(np.int64)).astype(np.float32) \
+    integers = q.astype(np.int64) - (zero.astype(np.int64) if zero_points else 0)
+    expected = (np.round(x / row).astype(np.int64) @ integers).astype(np.float32) \
         * row.astype(np.float32) * np.broadcast_to(scale, (N,))
     y_int8, z_after = run(converted, x)
     np.testing.assert_allclose(y_int8, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
     np.testing.assert_array_equal(z_after, z)
     wide = q.copy()
-    wide[0, 0] = 127
+    wide[0, 0] = 255 if zero_points else 127
     _, count = per_token_int8(model_of(wide), settings, only_given=True)
-    assert count == (0 if settings.reduce_range else 1)
+    assert count == (0 if settings.reduce_range and not zero_points else 1)  # u8 x u8 does not saturate
