@@ -149,9 +149,9 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
 
 def _given_int8(node: Any, weights: dict[str, Any], limit: float) -> tuple[str, str, str] | None:
     """(integers, scale, zero point or "") of a ``DequantizeLinear`` of a constant int8 or uint8 [K, N]
-    weight with a scale (and zero point) per tensor or per column; an int8 one without a zero point
-    only where its integers stay within ``limit`` (7 bits: x86 without VNNI, where u8 x s8 products can
-    saturate). Else None: the MatMul it feeds is left as it is (ONNX Runtime fuses it into its own
+    weight with a scale (and zero point) per tensor or per column; an int8 one only where its integers
+    stay within ``limit`` (7 bits: x86 without VNNI, where u8 x s8 products can saturate); "" for a
+    zero point that is absent or all 0. Else None: the MatMul it feeds is left as it is (ONNX Runtime fuses it into its own
     8-bit kernel)."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -165,10 +165,8 @@ def _given_int8(node: Any, weights: dict[str, Any], limit: float) -> tuple[str, 
             return None
     if inputs[2] and inputs[2] not in weights:
         return None
-    if inputs[2] and numpy_helper.to_array(weights[inputs[2]]).any():
-        return inputs[0], inputs[1], inputs[2]
-    if q.data_type == TensorProto.UINT8:  # a zero point of 0: uint8 integers as they are
-        return inputs[0], inputs[1], inputs[2]
-    if limit < 127 and np.abs(numpy_helper.to_array(q).astype(np.int16)).max() > limit:
-        return None
-    return inputs[0], inputs[1], ""
+    if q.data_type == TensorProto.INT8 and limit < 127 \
+            and np.abs(numpy_helper.to_array(q).astype(np.int16)).max() > limit:
+        return None  # (u8 x u8, a uint8 weight's product, does not saturate)
+    zero = inputs[2] if inputs[2] and numpy_helper.to_array(weights[inputs[2]]).any() else ""
+    return inputs[0], inputs[1], zero
