@@ -14,8 +14,9 @@ weights and scales, checked with the activations in float on both sides (its per
 as it does under the export's per-tensor activation scale, and the integer GEMM reads the weights
 once per step, not once per row (see ``_integer_matmuls`` for its speed). An export
 that cannot be rebuilt (``NotFusable``: another family, fp16 weights, a rope scaling other than
-Llama 3's, logits that differ) is served as it is, and the reason is logged and kept beside the key
-so the check is not repeated at every load. A rebuild that fails otherwise (a full disk, a read-only
+Llama 3's, logits that differ) is served as it is — but for per-call int8 activation scales, made
+per token (``per_token_exports``) — and the reason is logged and kept beside the key so the check is
+not repeated at every load. A rebuild that fails otherwise (a full disk, a read-only
 cache, a bug) is not kept: the export is served as it is, with a warning, and the next load tries
 again.
 
@@ -56,6 +57,17 @@ def text_decoder(path: Path, settings: GenerationSettings,
     return fused_export(read_folder(path, settings.precision), settings.fuse_exports, cache_dir or default_cache_dir())
 
 
+def _per_token(folder: DecoderFolder, cache_dir: Path, why: str) -> tuple[DecoderFolder, str]:
+    """An export not rebuilt, with its per-call int8 activation scales (if any) made per token
+    (``per_token_exports``: same integers; a row then decodes alike alone and batched)."""
+    from edge_runtime.generation.per_token_exports import per_token_graph
+
+    served, how = per_token_graph(folder.model_path, cache_dir)
+    if served == folder.model_path:
+        return folder, why
+    return dataclasses.replace(folder, model_path=served), f"{why}; {how}"
+
+
 def export_key(folder: DecoderFolder) -> str:
     """The cache key of ``folder``'s export: its graph files' paths, sizes and times, its config, VERSION."""
     config = folder.path / "config.json"
@@ -78,7 +90,7 @@ def fused_export(folder: DecoderFolder, enabled: bool, cache_dir: Path) -> tuple
                         folder.model_path, type(exc).__name__, exc)
             return folder, f"served as exported: the rebuild failed ({type(exc).__name__}: {exc})"
     if (target / REFUSED).is_file():
-        return folder, read_json(target / REFUSED).get("reason", "refused")
+        return _per_token(folder, cache_dir, read_json(target / REFUSED).get("reason", "refused"))
     fused = describe_decoder(folder.path, target / MODEL_FILE, read_json(folder.path / "config.json"),
                              read_json(folder.path / "generation_config.json"))
     record = read_json(target / DONE)

@@ -179,7 +179,7 @@ class GenerativeModel:
                 from edge_runtime.generation.vision.loading import load_vision_parts
 
                 parts = load_vision_parts(self.path, self.settings, vision, self.tokenizer, threads=threads,
-                                          loader=vision_loader)
+                                          loader=vision_loader, cache_dir=cache_dir)
                 self.vlm, self.folder, self.engine = parts.folder, parts.folder.decoder, parts.engine
                 self.prompter = parts.prompter
             else:

@@ -21,7 +21,9 @@
     flush_denormals = true        # decode and prefill with subnormal floats flushed to zero (x86-64:
                                   # 1.75-1.91x a decode step at 1,024 tokens of context on an Intel Xeon)
     fuse_exports = true           # rebuild an optimum Qwen2/Llama export as the fused graph at its first
-                                  # load (checked against its logits, cached): GroupQueryAttention, KV in place
+                                  # load (checked against its logits, cached): GroupQueryAttention, KV in place;
+                                  # other int8 exports (and VLM q8 decoders) get per-token activation scales;
+                                  # false: every graph served exactly as exported
     precision = ""                # an onnx-community folder's onnx/model<suffix>.onnx: fp32, q8, int8,
                                   # uint8, q4, bnb4, fp16, q4f16 ("" = the first present, fp32 first)
     tool_parser = ""              # tool-call format: "hermes" (Qwen2.5 <tool_call>) or "json";
@@ -69,7 +71,9 @@ class GenerationSettings:
     # always hands it to onnxruntime-genai (the genai extra).
     genai_runtime: str = "engine"
     # An optimum / onnx-community Qwen2 or Llama export is rebuilt as our fused graph at its first load
-    # (``generation.fused_exports``: checked against the export's logits, cached); false serves it as exported.
+    # (``generation.fused_exports``: checked against the export's logits, cached); other int8 exports and VLM
+    # q8 decoders get per-token activation scales (``generation.per_token_exports``); false serves every
+    # graph as exported.
     fuse_exports: bool = True
     # Which ``onnx/model<suffix>.onnx`` of an onnx-community text folder to run (``folder.decoder_file``):
     # fp32, q8, int8, uint8, q4, bnb4, fp16, q4f16; "" = the first present, fp32 first.

@@ -6,6 +6,7 @@ and the export served as exported (``fuse_exports`` off).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -141,7 +142,9 @@ def test_exports_it_cannot_rebuild_are_served_as_exported_with_the_reason(onnx_f
     for folder, reason in cases.items():
         export = read_folder(folder)
         served, why = fused_export(export, True, tmp_path / "cache")
-        assert served == export and reason in why
+        assert reason in why and not served.kv_in_place
+        # the fp32 ones as they are; the int8 one's other MatMulIntegers go per token (per_token_exports)
+        assert (served == export) == (folder != integer)
         assert fused_export(export, True, tmp_path / "cache") == (served, why)  # the refusal is kept
     export = read_folder(onnx_folder)
     assert fused_export(export, False, tmp_path / "cache") == (export, "[generation] fuse_exports is off")
@@ -586,3 +589,31 @@ def test_a_served_onnx_community_folder_takes_its_precision_from_config_toml(com
     assert entries["agent"]["state"] == "READY"
     assert entries["missing"]["state"] == "UNAVAILABLE"
     assert "precision 'fp16' has no onnx/ file here" in entries["missing"]["reason"]
+
+
+def test_an_int8_export_it_cannot_rebuild_is_served_per_token(onnx_folder: Path, tmp_path: Path) -> None:
+    """A q8 export of a family the rebuild does not know keeps its graph, but its per-call
+    DynamicQuantizeLinear scales become per-token ones on the same integers (``per_token_exports``):
+    three requests decode alike alone and in one continuous batch; the refusal reason stays."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder = _copy(onnx_folder, tmp_path / "other-q8")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "phi3"}))
+    quantize_dynamic(onnx_folder / "model.onnx", folder / "model.onnx", weight_type=QuantType.QInt8,
+                     extra_options={"MatMulConstBOnly": True})
+    model = _model(folder, tmp_path / "cache", max_batch_size=3)
+    try:
+        assert not model.folder.kv_in_place and model.folder.model_path.is_relative_to(tmp_path / "cache")
+        ops = collections.Counter(n.op_type for n in onnx.load(str(model.folder.model_path),
+                                                               load_external_data=False).graph.node)
+        exported = collections.Counter(n.op_type for n in onnx.load(str(folder / "model.onnx")).graph.node)
+        assert ops["DynamicQuantizeLinear"] == 0 and ops["MatMulInteger"] == exported["MatMulInteger"] > 0
+        prompts = [model.prepare(messages=MESSAGES).ids, model.prepare(messages=MESSAGES[1:]).ids, [7, 8, 9]]
+        alone = [list(model.generate(prompt=ids, max_tokens=16).token_ids) for ids in prompts]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=16).token_ids), prompts))
+        assert together == alone
+    finally:
+        model.close()

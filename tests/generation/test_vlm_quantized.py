@@ -109,4 +109,54 @@ def test_the_q8_decoder_answers_a_request_alike_alone_and_beside_another(quantiz
                                                                    ignore_eos=True).token_ids), requests))
     finally:
         model.close()
-    assert together == alone
+    assert together == alone, (together, alone)
+
+
+def test_a_per_call_scaled_q8_decoder_is_served_per_token(quantized_folder: Path, tmp_path: Path) -> None:
+    """An onnx-community q8 decoder as transformers.js writes it (onnxruntime's quantize_dynamic: one
+    activation scale per call) is served with the same integers and per-token activation scales
+    (``per_token_exports``): a request answers alike alone and beside others; ``fuse_exports = false``
+    serves the file as it is."""
+    import concurrent.futures
+    import shutil
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    folder = tmp_path / "qwen2_vl"
+    shutil.copytree(quantized_folder, folder)
+    exported = folder / "onnx" / "decoder_model_merged_quantized.onnx"
+    for stale in folder.glob("onnx/decoder_model_merged_quantized.onnx*"):
+        stale.unlink()
+    quantize_dynamic(folder / "onnx" / "decoder_model_merged.onnx", exported, weight_type=QuantType.QInt8,
+                     extra_options={"MatMulConstBOnly": True,  # contrib ops stop its shape inference:
+                                    "DefaultTensorType": onnx.TensorProto.FLOAT})
+    requests = [[{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
+                                              {"type": "text", "text": "tap the settings button"}]}],
+                [{"role": "user", "content": "scroll down to the network entry and open it " * 3}],
+                [{"role": "user", "content": "go back"}]]
+    vision = VisionSettings(precision={"decoder": "q8"})
+    plain = GenerativeModel("as-exported", folder, GenerationSettings(max_seq_len=512, fuse_exports=False),
+                            threads=1, vision=vision, cache_dir=tmp_path / "cache")
+    try:
+        assert plain.folder.model_path == exported
+    finally:
+        plain.close()
+    model = GenerativeModel("q8", folder, GenerationSettings(max_seq_len=512, prefix_cache_bytes=0), threads=1,
+                            vision=vision, cache_dir=tmp_path / "cache")
+    try:
+        served = onnx.load(str(model.folder.model_path), load_external_data=False)
+        ops = collections.Counter(n.op_type for n in served.graph.node)
+        original = collections.Counter(n.op_type for n in onnx.load(str(exported)).graph.node)
+        assert model.folder.model_path.is_relative_to(tmp_path / "cache")
+        assert ops["DynamicQuantizeLinear"] == 0 and ops["MatMulInteger"] == original["MatMulInteger"] > 0
+        alone = [list(model.generate(messages=m, max_tokens=24, ignore_eos=True).token_ids) for m in requests]
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda m: list(model.generate(messages=m, max_tokens=24,
+                                                                   ignore_eos=True).token_ids), requests))
+    finally:
+        model.close()
+    assert together == alone, (together, alone)

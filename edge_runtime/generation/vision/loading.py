@@ -40,9 +40,12 @@ class VisionParts:
 
 def load_vision_parts(path: Path, settings: "GenerationSettings", vision: VisionSettings | None,
                       tokenizer: "ChatTokenizer", *, threads: int,
-                      loader: "VisionLoader | None" = None) -> VisionParts:
+                      loader: "VisionLoader | None" = None, cache_dir: Path | None = None) -> VisionParts:
     """Read the folder and load its three graphs; the vision encoder through ``loader`` (``Runtime.load``
-    with ``vision.plan``) when given. Raises ModelLoadError / ModelNotFoundError."""
+    with ``vision.plan``) when given; a decoder quantized with per-call int8 activation scales
+    (transformers.js' q8) served per token (``per_token_exports``; its rewrite kept under ``cache_dir``,
+    default the runtime's) unless ``settings.fuse_exports`` is off. Raises ModelLoadError /
+    ModelNotFoundError."""
     from edge_runtime.generation.footprint import kv_positions
     from edge_runtime.generation.vision.embeddings import TokenEmbedder
     from edge_runtime.generation.vision.encoder import VisionEncoder
@@ -51,6 +54,8 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
 
     vision = vision or VisionSettings()
     vlm = read_vlm_folder(path, vision)
+    if settings.fuse_exports:
+        vlm = _per_token_decoder(vlm, cache_dir)
     processor = image_processor(vlm.path, vlm.config, vision.budget)
     _report_budget(path, processor)
     embedder = TokenEmbedder(vlm.embed_path, vlm.embeds_dtype, threads=threads)
@@ -63,6 +68,20 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     prompter = VisionPrompter(vlm, tokenizer, processor, encoder, embedder, vision.access, vision.max_images,
                               ImageFeatureCache(vision.feature_cache_bytes))
     return VisionParts(vlm, engine, prompter)
+
+
+def _per_token_decoder(vlm: VLMFolder, cache_dir: Path | None) -> VLMFolder:
+    """``vlm`` with its decoder's per-token rewrite where it has per-call int8 activation scales."""
+    import dataclasses
+
+    from edge_runtime.config import default_cache_dir
+    from edge_runtime.generation.per_token_exports import per_token_graph
+
+    served, why = per_token_graph(vlm.decoder.model_path, cache_dir or default_cache_dir())
+    if served == vlm.decoder.model_path:
+        return vlm
+    log.info("%s: decoder %s: %s", vlm.path.name, vlm.decoder.model_path.name, why)
+    return dataclasses.replace(vlm, decoder=dataclasses.replace(vlm.decoder, model_path=served))
 
 
 def _report_budget(path: Path, processor: "ImageProcessor") -> None:
