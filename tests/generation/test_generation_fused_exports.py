@@ -29,6 +29,15 @@ def _model(folder: Path, cache: Path, **settings):
     return GenerativeModel(folder.name, folder, GenerationSettings(**settings), threads=1, cache_dir=cache)
 
 
+def _decodes_alike_alone_and_batched(model) -> None:
+    """Three prompts give the same 16 greedy tokens one at a time and as three rows of one continuous batch."""
+    prompts = [model.prepare(messages=MESSAGES).ids, model.prepare(messages=MESSAGES[1:]).ids, [7, 8, 9]]
+    alone = [list(model.generate(prompt=ids, max_tokens=16).token_ids) for ids in prompts]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=16).token_ids), prompts))
+    assert together == alone
+
+
 def _copy(export: Path, where: Path) -> Path:
     shutil.copytree(export, where)
     return where
@@ -252,11 +261,7 @@ def test_a_dynamic_int8_export_is_rebuilt_with_its_own_integers(onnx_folder: Pat
                for t in rebuilt.graph.initializer)  # the embedding table, as in the export
     model = _model(folder, tmp_path / "cache", max_batch_size=3)
     try:
-        prompts = [model.prepare(messages=MESSAGES).ids, model.prepare(messages=MESSAGES[1:]).ids, [7, 8, 9]]
-        alone = [list(model.generate(prompt=ids, max_tokens=16).token_ids) for ids in prompts]
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            together = list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=16).token_ids), prompts))
-        assert together == alone
+        _decodes_alike_alone_and_batched(model)
     finally:
         model.close()
     rng, error = np.random.default_rng(1), {"export": [], "rebuilt": []}
@@ -610,10 +615,6 @@ def test_an_int8_export_it_cannot_rebuild_is_served_per_token(onnx_folder: Path,
                                                                load_external_data=False).graph.node)
         exported = collections.Counter(n.op_type for n in onnx.load(str(folder / "model.onnx")).graph.node)
         assert ops["DynamicQuantizeLinear"] == 0 and ops["MatMulInteger"] == exported["MatMulInteger"] > 0
-        prompts = [model.prepare(messages=MESSAGES).ids, model.prepare(messages=MESSAGES[1:]).ids, [7, 8, 9]]
-        alone = [list(model.generate(prompt=ids, max_tokens=16).token_ids) for ids in prompts]
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            together = list(pool.map(lambda ids: list(model.generate(prompt=ids, max_tokens=16).token_ids), prompts))
-        assert together == alone
+        _decodes_alike_alone_and_batched(model)
     finally:
         model.close()

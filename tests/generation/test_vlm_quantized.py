@@ -87,26 +87,32 @@ def test_quantized_decoders_load_by_precision_and_keep_the_first_greedy_tokens(q
     assert tokens["quantized"][:2] == tokens["fp32"][:2], tokens
 
 
+def _alone_and_together(model) -> tuple[list[list[int]], list[list[int]]]:
+    """24 tokens of three requests (one with an image) one at a time, and the same three at once."""
+    import concurrent.futures
+
+    requests = [[{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
+                                              {"type": "text", "text": "tap the settings button"}]}],
+                [{"role": "user", "content": "scroll down to the network entry and open it " * 3}],
+                [{"role": "user", "content": "go back"}]]
+    alone = [list(model.generate(messages=m, max_tokens=24, ignore_eos=True).token_ids) for m in requests]
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda m: list(model.generate(messages=m, max_tokens=24,
+                                                               ignore_eos=True).token_ids), requests))
+    return alone, together
+
+
 def test_the_q8_decoder_answers_a_request_alike_alone_and_beside_another(quantized_folder: Path) -> None:
     """Per-token activation scales: a row's rounding does not depend on the other rows of a decode step
     (a per-call scale, onnxruntime's quantize_dynamic, made the same request answer otherwise in a batch)."""
-    import concurrent.futures
-
     from edge_runtime.generation.model import GenerativeModel
     from edge_runtime.generation.settings import GenerationSettings
     from edge_runtime.generation.vision.settings import VisionSettings
 
     model = GenerativeModel("q8", quantized_folder, GenerationSettings(max_seq_len=512, prefix_cache_bytes=0),
                             threads=1, vision=VisionSettings(precision={"decoder": "q8", "vision_encoder": "q8"}))
-    requests = [[{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
-                                              {"type": "text", "text": "tap the settings button"}]}],
-                [{"role": "user", "content": "scroll down to the network entry and open it " * 3}],
-                [{"role": "user", "content": "go back"}]]
     try:
-        alone = [list(model.generate(messages=m, max_tokens=24, ignore_eos=True).token_ids) for m in requests]
-        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            together = list(pool.map(lambda m: list(model.generate(messages=m, max_tokens=24,
-                                                                   ignore_eos=True).token_ids), requests))
+        alone, together = _alone_and_together(model)
     finally:
         model.close()
     assert together == alone, (together, alone)
@@ -117,7 +123,6 @@ def test_a_per_call_scaled_q8_decoder_is_served_per_token(quantized_folder: Path
     activation scale per call) is served with the same integers and per-token activation scales
     (``per_token_exports``): a request answers alike alone and beside others; ``fuse_exports = false``
     serves the file as it is."""
-    import concurrent.futures
     import shutil
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -134,10 +139,6 @@ def test_a_per_call_scaled_q8_decoder_is_served_per_token(quantized_folder: Path
     quantize_dynamic(folder / "onnx" / "decoder_model_merged.onnx", exported, weight_type=QuantType.QInt8,
                      extra_options={"MatMulConstBOnly": True,  # contrib ops stop its shape inference:
                                     "DefaultTensorType": onnx.TensorProto.FLOAT})
-    requests = [[{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
-                                              {"type": "text", "text": "tap the settings button"}]}],
-                [{"role": "user", "content": "scroll down to the network entry and open it " * 3}],
-                [{"role": "user", "content": "go back"}]]
     vision = VisionSettings(precision={"decoder": "q8"})
     plain = GenerativeModel("as-exported", folder, GenerationSettings(max_seq_len=512, fuse_exports=False),
                             threads=1, vision=vision, cache_dir=tmp_path / "cache")
@@ -153,10 +154,7 @@ def test_a_per_call_scaled_q8_decoder_is_served_per_token(quantized_folder: Path
         original = collections.Counter(n.op_type for n in onnx.load(str(exported)).graph.node)
         assert model.folder.model_path.is_relative_to(tmp_path / "cache")
         assert ops["DynamicQuantizeLinear"] == 0 and ops["MatMulInteger"] == original["MatMulInteger"] > 0
-        alone = [list(model.generate(messages=m, max_tokens=24, ignore_eos=True).token_ids) for m in requests]
-        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            together = list(pool.map(lambda m: list(model.generate(messages=m, max_tokens=24,
-                                                                   ignore_eos=True).token_ids), requests))
+        alone, together = _alone_and_together(model)
     finally:
         model.close()
     assert together == alone, (together, alone)
