@@ -7,22 +7,21 @@ graph's logits equal the export's (``same_logits``: a prompt and a decode step) 
 cache (``<cache>/fused-exports/<key>/``), keyed by the export's files (path, size, modification
 time), its ``config.json`` and the rebuild's version, so later loads reuse it; a new rebuild of an
 export removes the earlier ones of the same file. An export quantized by onnxruntime's
-``quantize_dynamic`` (transformers.js' ``model_quantized.onnx``, ``model_uint8.onnx``) is rebuilt with its own int8
-weights and scales, checked with the activations in float on both sides (its per-tensor
-``DynamicQuantizeLinear`` and our per-token scales round differently), then served as per-token
-``MatMulInteger`` (``per_token_int8``): a row's result does not depend on the rows batched with it,
-as it does under the export's per-tensor activation scale, and the integer GEMM reads the weights
-once per step, not once per row (see ``_integer_matmuls`` for its speed). An export
-that cannot be rebuilt (``NotFusable``: another family, fp16 weights, a rope scaling other than
-Llama 3's, logits that differ) is served as it is — but for per-call int8 activation scales, made
-per token (``per_token_exports``) — and the reason is logged and kept beside the key so the check is
-not repeated at every load. A rebuild that fails otherwise (a full disk, a read-only
-cache, a bug) is not kept: the export is served as it is, with a warning, and the next load tries
-again.
+``quantize_dynamic`` (transformers.js' ``model_quantized.onnx``, ``model_uint8.onnx``) is rebuilt
+with its own int8 weights and scales, checked with the activations in float on both sides (its
+per-tensor ``DynamicQuantizeLinear`` and our per-token scales round differently), then served as
+per-token ``MatMulInteger`` (``per_token_int8``): a row's result does not depend on the rows batched
+with it, as it does under the export's per-tensor activation scale, and the integer GEMM reads the
+weights once per step, not once per row (see ``_integer_matmuls`` for its speed). An export that
+cannot be rebuilt (``NotFusable``: another family, fp16 weights, a rope scaling other than Llama
+3's, logits that differ) is served as it is — but for per-call int8 activation scales, made per
+token (``per_token_exports``) — and the reason is logged and kept beside the key so the check is not
+repeated at every load. A rebuild that fails otherwise (a full disk, a read-only cache, a bug) is
+not kept: the export is served as it is, with a warning, and the next load tries again.
 
-The folder stays the user's: tokenizer, chat template and generation config are read from it;
-only the graph the engine runs changes. The memory budget charges the export's files (the same
-weights; ``footprint.planned_footprint`` follows this module's rule, so planned equals loaded).
+The folder stays the user's: tokenizer, chat template and generation config are read from it; only
+the graph the engine runs changes. The memory budget charges the export's files (the same weights;
+``footprint.planned_footprint`` follows this module's rule, so planned equals loaded).
 """
 
 from __future__ import annotations
