@@ -9,9 +9,13 @@ tokens are equal. Further sides: ``gqa-chunk256`` (the same graph prefilled in 2
 as before ``idle_prefill_chunk_tokens``), ``gqa-all-logits`` (the same graph with the engine not feeding
 ``logits_to_keep``: the LM head over every prefill position, as before it existed) and, with ``--quantized``, the ``convert --quantize``
 decoders ``gqa-q8`` (dynamic int8), ``gqa-q4`` (MatMulNBits; weights differ, so their tokens may
-differ from fp32's and are not compared).
+differ from fp32's and are not compared); with ``--per-call``, the fp32 decoder through onnxruntime's
+``quantize_dynamic`` as transformers.js writes a q8 file (one activation scale per call), served as
+exported (``q8-per-call``, ``fuse_exports`` off) and as a default load serves it (``q8-per-token``:
+``generation.per_token_exports``, the same integers with per-row scales).
 
-Usage: ``python tools/bench_vlm_decoder.py [--threads 1] [--rounds 3] [--quantized] [--out bench-results/vlm-decoder]``
+Usage: ``python tools/bench_vlm_decoder.py [--threads 1] [--rounds 3] [--quantized] [--per-call]
+[--out bench-results/vlm-decoder]``
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.quantized:
         bench_vlm.add_quantized_parts(fused)
         sides.update({f"gqa-{p}": (fused, settings, {"decoder": p}) for p in ("q8", "q4")})
+    if args.per_call:
+        per_call = _per_call_folder(fused, Path(args.models) / "onnx-qwen2vl-full-per-call-q8")
+        sides.update({"q8-per-call": (per_call, dataclasses.replace(settings, fuse_exports=False), {"decoder": "q8"}),
+                      "q8-per-token": (per_call, settings, {"decoder": "q8"})})
     models = {k: GenerativeModel(k, f, s, threads=args.threads, vision=VisionSettings(precision=precision))
               for k, (f, s, precision) in sides.items()}
     engine = models["gqa-all-logits"].engine
@@ -80,6 +88,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "same_tokens": tokens["gqa"] == tokens["portable"] == tokens["gqa-chunk256"] == tokens["gqa-all-logits"]}
 
 
+def _per_call_folder(fused: Path, out: Path) -> Path:
+    """``fused`` with its q8 decoder replaced by the fp32 one through ``quantize_dynamic`` (cached in ``out``)."""
+    import shutil
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    target = out / "onnx" / "decoder_model_merged_quantized.onnx"
+    if not target.is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(fused, out, ignore=shutil.ignore_patterns("decoder_model_merged_*"))
+        quantize_dynamic(out / "onnx" / "decoder_model_merged.onnx", target, weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
+    return out
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -102,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quantized", action="store_true", help="also the q8 and q4 decoders of convert --quantize")
+    parser.add_argument("--per-call", action="store_true",
+                        help="also a quantize_dynamic q8 decoder, as exported and served per token")
     parser.add_argument("--models", default=str(Path.home() / ".cache" / "edge-runtime" / "bench-vlm"))
     parser.add_argument("--out", default="bench-results/vlm-decoder")
     args = parser.parse_args(argv)
