@@ -116,9 +116,9 @@ class _Weights:
             raise NotFusable(f"{name}'s quantized table is {list(dims)} with a scale per row")
 
         def load() -> Int8Weight:
-            rows = dims[0]
+            rows, zero = dims[0], self.array(parts[2])
             return Int8Weight(self.array(parts[0]), np.full(rows, self.array(parts[1]).reshape(()), np.float32),
-                              np.full(rows, self.array(parts[2]).reshape(()), self.array(parts[2]).dtype))
+                              np.full(rows, zero.reshape(()), zero.dtype))
         return dims, load
 
     def linear(self, module: str) -> tuple[tuple[int, ...], Callable[[], Any]]:

@@ -148,15 +148,10 @@ def _integer_matmuls(work: Path) -> int:
     it writes (a measured choice here is left for later)."""
     import onnx
 
-    from edge_runtime.optimize.per_token_int8 import per_token_int8
-    from edge_runtime.optimize.quantize import host_int8_settings
+    from edge_runtime.generation.per_token_exports import save_per_token
 
-    proto = onnx.load(str(work / MODEL_FILE))  # its weights too: the rewrite needs the integers
-    converted, done = per_token_int8(proto, host_int8_settings(), only_given=True)
-    if done:
-        (work / (MODEL_FILE + ".data")).unlink()  # onnx appends to an existing data file
-        onnx.save(converted, str(work / MODEL_FILE), save_as_external_data=True, location=MODEL_FILE + ".data")
-    return done
+    # its weights too (the rewrite needs the integers), so the data file can be written anew
+    return save_per_token(onnx.load(str(work / MODEL_FILE)), work / MODEL_FILE)
 
 
 def _drop_stale(kept: Path, source: Path) -> None:

@@ -74,17 +74,14 @@ def _rewrite(model_path: Path, target: Path) -> None:
     import onnx
 
     from edge_runtime.decoder_from_export import dequantized_export
-    from edge_runtime.optimize.per_token_int8 import per_token_int8
-    from edge_runtime.optimize.quantize import host_int8_settings
 
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         proto = onnx.load(str(model_path))  # its weights too: the integers are kept
-        converted, done = per_token_int8(dequantized_export(proto), host_int8_settings(), only_given=True)
+        done = save_per_token(dequantized_export(proto), work / GRAPH)
         if not done:
             raise ValueError("no MatMulInteger of its could take per-token scales")
-        onnx.save(converted, str(work / GRAPH), save_as_external_data=True, location=GRAPH + ".data")
         log.info("%s: %d MatMuls with int8 activations rounded per token, kept in %s", model_path, done, target)
         try:
             os.replace(work, target)
@@ -92,3 +89,20 @@ def _rewrite(model_path: Path, target: Path) -> None:
             pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def save_per_token(proto: Any, path: Path) -> int:
+    """``proto`` (weights loaded) with each MatMul of ``DequantizeLinear``'d 8-bit weights as per-token
+    ``MatMulInteger`` on those integers (``per_token_int8``), written to ``path`` with its weights in
+    ``<path>.data``; how many were rewritten (nothing is written when none)."""
+    import onnx
+
+    from edge_runtime.optimize.per_token_int8 import per_token_int8
+    from edge_runtime.optimize.quantize import host_int8_settings
+
+    converted, done = per_token_int8(proto, host_int8_settings(), only_given=True)
+    if done:
+        data = path.with_name(path.name + ".data")
+        data.unlink(missing_ok=True)  # onnx appends to an existing data file
+        onnx.save(converted, str(path), save_as_external_data=True, location=data.name)
+    return done
