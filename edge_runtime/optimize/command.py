@@ -38,6 +38,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
                           help="decoder: MatMulNBits, or (int8) MatMulInteger with activations quantized per "
                                "token; auto (default): int4 times MatMulNBits levels 0 and 4, int8 level 4 "
                                "against MatMulInteger, one and eight rows a step, and keeps the faster")
+    quantize.add_argument("--float-embeddings", action="store_true",
+                          help="decoder: keep the token-embedding table in float (default: stored in the "
+                               "weights' bits and blocks, read by GatherBlockQuantized)")
     quantize.add_argument("--new-tokens", type=int, default=32, help="decoder: tokens per timed generation (32)")
     quantize.add_argument("--plan", choices=PLAN_CHOICES, action="append", default=None,
                           help="time on this plan (repeatable; default: every plan this device has)")
@@ -141,7 +144,7 @@ def _quantize_decoder(args: argparse.Namespace) -> int:
     try:
         report = convert_decoder(runtime, args.model, args.out, args.mode, calibration=args.calibration,
                                  block_size=args.block_size, accuracy_level=args.accuracy_level,
-                                 kernel=args.kernel,
+                                 kernel=args.kernel, embeddings=not args.float_embeddings,
                                  rounds=args.rounds, new_tokens=args.new_tokens)
     finally:
         runtime.close()
@@ -153,7 +156,8 @@ def _quantize_decoder(args: argparse.Namespace) -> int:
     how = (f"MatMulNBits, block {data['block_size']}, accuracy level {data['accuracy_level']}"
            if data["kernel"] == "MatMulNBits" else "MatMulInteger, activations per token")
     print(f"{args.mode}: wrote {data['out']} ({data['out_bytes']} bytes, {data['size_ratio']}x of the original; "
-          f"{data['matmuls_quantized']} of {data['matmuls_total']} MatMuls, {how})")
+          f"{data['matmuls_quantized']} of {data['matmuls_total']} MatMuls, {how}; embedding table "
+          f"{'in ' + str(data['bits']) + ' bits' if data['embeddings_quantized'] else 'kept float'})")
     if data["step_ms"] is not None:
         timed = "; ".join(f"{name} " + ", ".join(f"{ms:.3f} ms at {rows} rows" for rows, ms in by_rows.items())
                           for name, by_rows in data["step_ms"].items())

@@ -121,7 +121,7 @@ def runtime_int8_settings(runtime: "Runtime") -> Any:
 
 def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, calibration: Path | None = None,
                     block_size: int | None = None, accuracy_level: int | str | None = None, kernel: str = "auto",
-                    rounds: int = 3,
+                    embeddings: bool = True, rounds: int = 3,
                     new_tokens: int = 32, window: int = 256) -> DecoderConversionReport:
     """int4/int8 weight-only copy of a decoder folder, then its teacher-forced drift and decode speed
     against the original (``edge_runtime.optimize.decoder_quant`` and ``decoder_drift``)."""
@@ -141,7 +141,7 @@ def convert_decoder(runtime: "Runtime", folder: Path, out: Path, mode: str, *, c
     result = quantize_decoder(folder, out, mode,
                               block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
                               accuracy_level=DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level,
-                              kernel=kernel, text=text, int8=runtime_int8_settings(runtime),
+                              kernel=kernel, embeddings=embeddings, text=text, int8=runtime_int8_settings(runtime),
                               threads=runtime.threads, cache_dir=runtime.config.cache_dir)
     drift = decoder_drift(folder, out, text, window=window, threads=runtime.threads)
     speed = compare_decode_speed(runtime, folder, out, prompt=prompt, new_tokens=new_tokens, rounds=rounds)

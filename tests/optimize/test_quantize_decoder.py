@@ -63,10 +63,14 @@ def logits_of(folder: Path, tokens: list[int]) -> np.ndarray:
 
 
 def dequantized_weights(model: onnx.ModelProto) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{original weight name: (W [K, N] dequantized per the MatMulNBits spec, per-element scale)}."""
+    """{original weight name: (W [K, N] dequantized per the MatMulNBits spec, per-element scale)}, and the
+    embedding table [vocab, hidden] per the GatherBlockQuantized spec (blocks along the hidden axis)."""
     init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     out = {}
     for node in model.graph.node:
+        if node.op_type == "GatherBlockQuantized":
+            out.update(dequantized_table(node, init))
+            continue
         if node.op_type != "MatMulNBits":
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -86,17 +90,38 @@ def dequantized_weights(model: onnx.ModelProto) -> dict[str, tuple[np.ndarray, n
     return out
 
 
+def dequantized_table(node: onnx.NodeProto, init: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{original table name: (table [vocab, hidden] dequantized per the GatherBlockQuantized spec, per-element
+    scale)}: uint8 data, ``bits`` a value packed low bits first, no zero points (the default 2^(bits-1))."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["gather_axis"], attrs["quantize_axis"]) == (0, 1) and len(node.input) == 3
+    packed, scales = init[node.input[0]], init[node.input[2]].astype(np.float32)
+    bits, block = attrs["bits"], attrs["block_size"]
+    assert packed.dtype == np.uint8
+    values = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(len(packed), -1) if bits == 4 else packed
+    per_element = np.repeat(scales, block, axis=1)
+    assert per_element.shape == values.shape
+    table = (values.astype(np.float32) - 2 ** (bits - 1)) * per_element
+    return {node.input[0].rsplit("_q", 1)[0]: (table, np.abs(per_element))}
+
+
 @pytest.mark.parametrize("mode,bits", [("int4", 4), ("int8", 8)])
 def test_quantized_matmuls_compute_the_dequantized_weights_within_one_step(decoder: Path, tmp_path: Path,
                                                                            mode: str, bits: int) -> None:
     out = quantized(decoder, tmp_path, mode, accuracy_level=0)  # level 0: fp32 compute, exact to the spec
     model, source = onnx.load(str(out / "model.onnx")), onnx.load(str(decoder / "model.onnx"))
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    tables = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
     weights = dequantized_weights(model)
     original = {t.name: numpy_helper.to_array(t) for t in source.graph.initializer}
-    # every projection and the LM head: per layer the fused q/k/v, o, fused gate/up, down; then lm_head
+    # every projection and the LM head: per layer the fused q/k/v, o, fused gate/up, down; then lm_head; and
+    # the token-embedding table, read by input_ids, in the same bits (no float table of its shape left)
     assert len(nbits) == 4 * SHAPE.layers + 1 and set(weights) <= set(original)
-    assert {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute if a.name == "bits"} == {bits}
+    assert len(tables) == 1 and tables[0].input[1] == "input_ids"
+    assert not any(t.dims == [SHAPE.vocab, SHAPE.hidden] and t.data_type == onnx.TensorProto.FLOAT
+                   for t in model.graph.initializer)
+    assert {onnx.helper.get_attribute_value(a) for n in nbits + tables for a in n.attribute
+            if a.name == "bits"} == {bits}
     for name, (w, scale) in weights.items():
         error = np.abs(w - original[name])
         assert np.all(error <= scale * 1.0001 + 1e-7), name  # rounding, or clipping of the largest value
@@ -155,6 +180,31 @@ def test_eight_bits_drift_less_than_four(decoder: Path, tmp_path: Path) -> None:
     assert eight.kl_mean < four.kl_mean / 4
     assert eight.max_abs_logit < four.max_abs_logit
     assert abs(eight.perplexity_candidate / eight.perplexity_reference - 1) < 0.01
+
+
+@pytest.mark.parametrize("mode,bits", [("int4", 4), ("int8", 8)])
+def test_float_embeddings_keep_the_table_and_cost_its_bytes(decoder: Path, tmp_path: Path, mode: str,
+                                                            bits: int) -> None:
+    """``embeddings=False`` (``--float-embeddings``) leaves the embedding Gather and its fp32 table as they
+    were; the default stores the table in ``bits``: the folder is smaller by about the table's fp32 bytes
+    less its integers and scales, and the quantized table's rows are used (the logits differ)."""
+    from edge_runtime.optimize.decoder_quant import quantize_decoder
+
+    kept = quantize_decoder(decoder, tmp_path / "kept", mode, kernel="matmulnbits", accuracy_level=0,
+                            embeddings=False)
+    packed = quantize_decoder(decoder, tmp_path / "packed", mode, kernel="matmulnbits", accuracy_level=0)
+    assert kept.embeddings_quantized == () and len(packed.embeddings_quantized) == 1
+    graph = onnx.load(str(tmp_path / "kept" / "model.onnx")).graph
+    tables = {t.name: t for t in graph.initializer}
+    gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[1] == "input_ids"]
+    assert len(gathers) == 1 and tables[gathers[0].input[0]].data_type == onnx.TensorProto.FLOAT
+    assert not any(n.op_type == "GatherBlockQuantized" for n in graph.node)
+    table_bytes = SHAPE.vocab * SHAPE.hidden * 4
+    stored = SHAPE.vocab * SHAPE.hidden * bits // 8 + SHAPE.vocab * SHAPE.hidden // 32 * 4  # integers + scales
+    saved = kept.out_bytes - packed.out_bytes
+    assert abs(saved - (table_bytes - stored)) < 0.05 * table_bytes, (saved, table_bytes - stored)
+    tokens = list(range(3, 40))
+    assert not np.allclose(logits_of(tmp_path / "kept", tokens), logits_of(tmp_path / "packed", tokens), atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
@@ -233,7 +283,12 @@ def test_the_command_writes_a_folder_that_generates_and_reports_on_the_given_tex
     assert report["out_bytes"] < 0.5 * report["source_bytes"]
     assert report["drift"]["tokens"] > 50 and 0 < report["drift"]["greedy_agreement"] <= 1
     assert report["speed"]["reference_tokens_per_s"] > 0 and report["speed"]["candidate_tokens_per_s"] > 0
-    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in decoder.iterdir()] + [QUANTIZATION_FILE])
+    assert report["embeddings_quantized"] and report["matmuls_quantized"] == 4 * SHAPE.layers + 1
+    # the source's files, the record, and the weights beside the graph (ONNX Runtime maps them; none inline)
+    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in decoder.iterdir()]
+                                                           + [QUANTIZATION_FILE, "model.onnx.data"])
+    assert not [t.name for t in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.initializer
+                if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) > 1024]
     model = GenerativeModel("q", out, GenerationSettings(), threads=1)
     try:
         assert model.generate(prompt="open the settings", max_tokens=5, ignore_eos=True).usage.completion_tokens == 5
