@@ -14,9 +14,16 @@
 * ``onnx/decoder_model_merged_q4.onnx`` and ``_int8.onnx``: weight-only ``MatMulNBits`` (4 and
   8 bits, ``optimize.decoder_quant``'s settings: blocks of 32, int8 compute), the decode-heavy
   form (a quarter / half of the weight bytes to stream per token; at 256+ rows it ran no faster
-  than fp32 there). External data in ``<file>_data`` like the fp32 decoder.
+  than fp32 there). External data in ``<file>_data`` like the fp32 decoder;
+* ``onnx/vision_encoder_q4.onnx``: the encoder's MatMuls as 4-bit ``MatMulNBits`` (the same
+  settings), a quarter of its weight bytes;
+* ``onnx/embed_tokens_quantized.onnx`` and ``_q4.onnx``: the embedding table in 8 / 4 bits, blocks
+  of 32 along the hidden axis, read by ``GatherBlockQuantized`` (``optimize.embedding_quant``: the
+  largest tensor of a small VLM at its real vocabulary — Qwen2-VL-2B's is 233M values, 0.9 GB in
+  fp32).
 
-``embed_tokens`` stays fp32 (a Gather: nothing to gain in compute). MatMuls that turn
+So transformers.js' one-name ``dtype: "q8"`` or ``"q4"`` finds every part it asks for (``int8``, as
+it names 8-bit MatMulNBits, exists for the decoder only). MatMuls that turn
 integer positions into rotary angles (``rope_freq`` [2, d], ``mrope_freq`` [3, d]) stay fp32:
 a per-call int8 scale would round the positions. The ``[vision] precision`` table picks the
 parts per model, e.g. ``{decoder = "q8", vision_encoder = "q8"}``.
@@ -28,10 +35,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from edge_runtime.generation.folder import SUFFIXES
+
 log = logging.getLogger(__name__)
 
 # precision (``generation.folder.SUFFIXES`` key) -> the decoder's MatMulNBits bits
 DECODER_BITS = {"q4": 4, "int8": 8}
+# precision -> the embedding table's bits (q8 is transformers.js' "quantized": its 8-bit files)
+EMBEDDING_BITS = {"q8": 8, "q4": 4}
 # No real linear layer has this few inputs; the position-to-angle products do (2 or 3 rows).
 _MIN_LINEAR_INPUTS = 16
 
@@ -42,9 +53,12 @@ def write_quantized_parts(folder: Path) -> dict[str, int]:
     onnx_dir = Path(folder) / "onnx"
     external: dict[str, int] = {}
     quantize_dynamic_int8(onnx_dir / "vision_encoder.onnx", onnx_dir / "vision_encoder_quantized.onnx")
+    external.update(quantize_nbits(onnx_dir, "vision_encoder", "vision_encoder_q4", 4))
     external.update(quantize_decoder_per_token(onnx_dir, "decoder_model_merged_quantized"))
     for precision, bits in DECODER_BITS.items():
         external.update(quantize_decoder_nbits(onnx_dir, f"decoder_model_merged_{precision}", bits))
+    for precision, bits in EMBEDDING_BITS.items():
+        external.update(quantize_embed_tokens(onnx_dir, f"embed_tokens{SUFFIXES[precision]}", bits))
     return external
 
 
@@ -101,16 +115,39 @@ def quantize_decoder_per_token(onnx_dir: Path, stem: str) -> dict[str, int]:
 
 def quantize_decoder_nbits(onnx_dir: Path, stem: str, bits: int) -> dict[str, int]:
     """``decoder_model_merged.onnx`` with ``bits``-bit MatMulNBits as ``onnx_dir/<stem>.onnx`` (+ ``_data``)."""
+    return quantize_nbits(onnx_dir, "decoder_model_merged", stem, bits, always_external=True)
+
+
+def quantize_nbits(onnx_dir: Path, source: str, stem: str, bits: int, *, always_external: bool = False) -> dict[str, int]:
+    """``onnx_dir/<source>.onnx`` with ``bits``-bit MatMulNBits as ``<stem>.onnx`` (its data beside it when
+    ``always_external`` or large)."""
     import onnx
 
     from edge_runtime.optimize.decoder_quant import CONVERTER_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, matmul_nbits
     from edge_runtime.vlm_parts import save_part
 
-    proto = onnx.load(str(onnx_dir / "decoder_model_merged.onnx"))  # weights in memory: the quantizer reads them
+    proto = onnx.load(str(onnx_dir / f"{source}.onnx"))  # weights in memory: the quantizer reads them
     quantized = matmul_nbits(proto, bits, DEFAULT_BLOCK_SIZE, CONVERTER_ACCURACY_LEVEL, exclude=angle_matmuls(proto))
     del proto
     external: dict[str, int] = {}
-    save_part(quantized, onnx_dir, stem, True, external)
-    log.info("decoder: %s (%d-bit MatMulNBits, %d of them)", stem, bits,
+    save_part(quantized, onnx_dir, stem, always_external, external)
+    log.info("%s: %s (%d-bit MatMulNBits, %d of them)", source, stem, bits,
              sum(n.op_type == "MatMulNBits" for n in quantized.graph.node))
+    return external
+
+
+def quantize_embed_tokens(onnx_dir: Path, stem: str, bits: int) -> dict[str, int]:
+    """``embed_tokens.onnx`` with its table in ``bits`` (``GatherBlockQuantized``) as ``onnx_dir/<stem>.onnx``."""
+    import onnx
+
+    from edge_runtime.optimize.decoder_quant import DEFAULT_BLOCK_SIZE
+    from edge_runtime.optimize.embedding_quant import quantize_embeddings
+    from edge_runtime.vlm_parts import save_part
+
+    proto = onnx.load(str(onnx_dir / "embed_tokens.onnx"))
+    tables = quantize_embeddings(proto, bits, DEFAULT_BLOCK_SIZE)
+    external: dict[str, int] = {}
+    save_part(proto, onnx_dir, stem, False, external)
+    log.info("embed_tokens: %s (%s)", stem, f"{bits}-bit GatherBlockQuantized" if tables else
+             f"kept float: its width is not a multiple of {DEFAULT_BLOCK_SIZE}")
     return external

@@ -22,8 +22,8 @@ from vlm_checkpoints import VLMSpec, checkpoint, model_inputs, sample_image, ses
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-QUANTIZED = ("vision_encoder_quantized", "decoder_model_merged_quantized", "decoder_model_merged_q4",
-             "decoder_model_merged_int8")
+QUANTIZED = ("vision_encoder_quantized", "vision_encoder_q4", "decoder_model_merged_quantized",
+             "decoder_model_merged_q4", "decoder_model_merged_int8", "embed_tokens_quantized", "embed_tokens_q4")
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +43,57 @@ def _ops(folder: Path, part: str) -> collections.Counter:
 
 def test_quantized_parts_are_written_with_their_kernels(quantized_folder: Path) -> None:
     assert all((quantized_folder / "onnx" / f"{part}.onnx").is_file() for part in QUANTIZED)
-    for part, kernel in (("vision_encoder_quantized", "MatMulInteger"), ("decoder_model_merged_quantized",
-                         "MatMulInteger"), ("decoder_model_merged_q4", "MatMulNBits"),
+    for part, kernel in (("vision_encoder_quantized", "MatMulInteger"), ("vision_encoder_q4", "MatMulNBits"),
+                         ("decoder_model_merged_quantized", "MatMulInteger"), ("decoder_model_merged_q4", "MatMulNBits"),
                          ("decoder_model_merged_int8", "MatMulNBits")):
         ops = _ops(quantized_folder, part)
         # one MatMul stays fp32: positions -> rotary angles (a per-call int8 scale would round positions)
         assert ops[kernel] > 0 and ops["MatMul"] == 1, (part, ops)
+    for part, bits in (("embed_tokens_quantized", 8), ("embed_tokens_q4", 4)):
+        graph = onnx.load(str(quantized_folder / "onnx" / f"{part}.onnx"), load_external_data=False).graph
+        assert [n.op_type for n in graph.node] == ["GatherBlockQuantized"], part
+        assert {a.name: a.i for a in graph.node[0].attribute}["bits"] == bits
     external = json.loads((quantized_folder / "config.json").read_text())["transformers.js_config"][
         "use_external_data_format"]
     assert {"decoder_model_merged_q4.onnx", "decoder_model_merged_int8.onnx"} <= set(external)
     assert all((quantized_folder / "onnx" / f"{name}_data").is_file() for name in external)
+
+
+@pytest.mark.parametrize("part,bits", [("embed_tokens_quantized", 8), ("embed_tokens_q4", 4)])
+def test_quantized_embedding_rows_are_read_in_numpy_as_onnxruntime_reads_them(quantized_folder: Path, part: str,
+                                                                              bits: int) -> None:
+    """The engine reads a quantized table itself (no session run per decode step): its rows equal what ONNX
+    Runtime's GatherBlockQuantized gives for the same ids, and lie within one block step of the fp32 rows."""
+    from edge_runtime.generation.vision.embeddings import QuantizedTable, TokenEmbedder
+
+    embedder = TokenEmbedder(quantized_folder / "onnx" / f"{part}.onnx", np.float32)
+    assert isinstance(embedder.table, QuantizedTable) and embedder.session is None
+    ids = np.array([0, 5, 17, 5, embedder.vocab_size - 1], np.int64)
+    ours = embedder.embed(ids)
+    theirs = session(quantized_folder, part).run(None, {"input_ids": ids[None]})[0][0]
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-7)
+    fp32 = session(quantized_folder, "embed_tokens").run(None, {"input_ids": ids[None]})[0][0]
+    step = np.repeat(np.abs(np.asarray(embedder.table.scales[ids])), embedder.table.block, axis=1)
+    assert not np.array_equal(ours, fp32) and np.all(np.abs(ours - fp32) <= step * 1.0001 + 1e-7)
+
+
+@pytest.mark.parametrize("precision", ["q8", "q4"])
+def test_one_precision_names_every_part(quantized_folder: Path, precision: str) -> None:
+    """``[vision] precision = "q8"`` (or ``"q4"``), one name for the folder as transformers.js' ``dtype``
+    takes it: every part has a file at that precision, and the model generates."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
+
+    model = GenerativeModel(precision, quantized_folder, GenerationSettings(max_seq_len=512), threads=1,
+                            vision=VisionSettings(precision=precision))
+    try:
+        assert model.vlm.precisions == dict.fromkeys(("decoder", "embed_tokens", "vision_encoder"), precision)
+        messages = [{"role": "user", "content": [{"type": "image", "image": sample_image(84, 56, seed=5)},
+                                                 {"type": "text", "text": "tap the settings button"}]}]
+        assert model.generate(messages=messages, max_tokens=4, ignore_eos=True).usage.completion_tokens == 4
+    finally:
+        model.close()
 
 
 def test_int8_vision_features_stay_close_to_fp32(quantized_folder: Path) -> None:

@@ -109,6 +109,34 @@ def test_fp16_parts_run_in_transformers_js_like_in_onnxruntime(tmp_path_factory,
     assert js["tokens"] == onnx_greedy("qwen2_vl", folder, load_model(hf), inputs, 12, suffix="_fp16")
 
 
+@pytest.mark.parametrize("dtype", ["q8", "q4"])
+def test_one_dtype_name_loads_every_quantized_part_in_transformers_js_and_ours(tmp_path_factory, tmp_path: Path,
+                                                                              dtype: str) -> None:
+    """transformers.js' one-name ``dtype: "q8"`` / ``"q4"`` asks every part at that precision (the
+    ``_quantized`` / ``_q4`` files, the embedding table and vision encoder included); on a ``--quantize``
+    folder it loads them all and decodes the tokens our engine decodes with ``[vision] precision`` the
+    same name."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.settings import VisionSettings
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    hf = checkpoint(VLMSpec(family="qwen2_vl"), vlm_root(tmp_path_factory))
+    folder = convert_vlm_folder(hf, tmp_path / "qwen2_vl", quantize=True)
+    image, prompt = sample_image(84, 56, seed=5), "tap the settings button"
+    image.save(tmp_path / "screen.png")
+    js = node_greedy(folder, tmp_path / "screen.png", prompt, 12, dtype=dtype)
+    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": prompt}]}]
+    model = GenerativeModel("q", folder, GenerationSettings(max_seq_len=512), threads=1,
+                            vision=VisionSettings(precision=dtype))
+    try:
+        ours = model.generate(messages=messages, max_tokens=12)
+        assert js["prompt_ids"] == list(model.prepare(messages=messages).ids)
+    finally:
+        model.close()
+    assert js["tokens"] == list(ours.token_ids)
+
+
 @pytest.mark.parametrize("decoder", ["q4", "q8"])
 def test_quantized_parts_run_in_transformers_js_like_in_our_engine(tmp_path_factory, tmp_path: Path,
                                                                     decoder: str) -> None:

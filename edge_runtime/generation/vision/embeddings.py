@@ -1,14 +1,17 @@
 """Token ids → the decoder's input embeddings (``embed_tokens``), for prompts and for every decode step.
 
 When ``embed_tokens`` is a plain ``Gather`` of an initializer by ``input_ids``
-(what the fp32/fp16 exports are), its table is read once into numpy —
+(what the fp32/fp16 exports are), or a ``GatherBlockQuantized`` of 4- or 8-bit
+blocks along the hidden axis without zero points (what ``convert --quantize``
+writes), its table is read once into numpy —
 memory-mapped from the external-data file when it lives there, so the
 weights stay in the page cache rather than in a private copy — and a lookup
 is a numpy take: no ONNX Runtime call per decode step (a session run costs
 tens of microseconds of overhead for a few-kilobyte result), and nothing to
-serialise between the batcher thread and the threads preparing prompts.
-Any other graph (quantized ``GatherBlockQuantized``, a scale ``Mul``) runs in
-an ONNX Runtime session, which is thread-safe.
+serialise between the batcher thread and the threads preparing prompts; a
+quantized table's rows are dequantized as the op's contract says, when taken.
+Any other graph (zero points, a scale ``Mul``) runs in an ONNX Runtime session,
+which is thread-safe.
 """
 
 from __future__ import annotations
@@ -24,31 +27,75 @@ from edge_runtime.errors import InvalidInputError, ModelLoadError
 log = logging.getLogger(__name__)
 
 
-def gather_table(path: Path) -> np.ndarray | None:
+class QuantizedTable:
+    """A [vocab, hidden] table as ``GatherBlockQuantized`` stores it — uint8 ``packed`` rows (two 4-bit
+    values a byte, the low first, or one 8-bit), one ``scales`` entry per ``block`` values of a row, no
+    zero points (so 2**(bits-1)) — whose rows are dequantized when taken: ``table[ids]``."""
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, bits: int, block: int) -> None:
+        self.packed, self.scales, self.bits, self.block = packed, scales, bits, block
+        self.shape = (int(packed.shape[0]), int(scales.shape[1]) * block)
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        rows = np.asarray(self.packed[index])
+        if self.bits == 4:
+            rows = np.stack([rows & 0x0F, rows >> 4], axis=-1)
+        values = rows.reshape(len(rows), -1, self.block).astype(np.float32) - 2 ** (self.bits - 1)
+        return (values * np.asarray(self.scales[index], np.float32)[..., None]).reshape(len(rows), -1)
+
+
+def gather_table(path: Path) -> np.ndarray | QuantizedTable | None:
     """The [vocab, hidden] table when ``path`` is exactly ``inputs_embeds = Gather(table, input_ids)``
-    (axis 0, an optional Identity after it), else None."""
+    (axis 0, an optional Identity after it) or the ``GatherBlockQuantized`` form above, else None."""
     import onnx
-    from onnx import numpy_helper
 
     proto = onnx.load(str(path), load_external_data=False)
     graph = proto.graph
     nodes = [n for n in graph.node if n.op_type != "Identity"]
-    if len(nodes) != 1 or nodes[0].op_type != "Gather" or len(graph.node) > 2:
+    if len(nodes) != 1 or nodes[0].op_type not in ("Gather", "GatherBlockQuantized") or len(graph.node) > 2:
         return None
     gather = nodes[0]
-    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
     tables = {t.name: t for t in graph.initializer}
-    if axis != 0 or gather.input[0] not in tables or gather.input[1] != "input_ids":
+    if gather.input[0] not in tables or gather.input[1] != "input_ids":
         return None
-    if len(graph.node) == 2:  # Identity must take the Gather's output to the graph output
-        identity = next(n for n in graph.node if n.op_type == "Identity")
-        if identity.input[0] != gather.output[0] or identity.output[0] != "inputs_embeds":
-            return None
-    elif gather.output[0] != "inputs_embeds":
+    if gather.op_type == "GatherBlockQuantized":
+        return _quantized_table(path, gather, tables) if _output_is_embeds(graph, gather) else None
+    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+    if axis != 0 or not _output_is_embeds(graph, gather):
         return None
     tensor = tables[gather.input[0]]
     if len(tensor.dims) != 2:
         return None
+    return _array(path, tensor)
+
+
+def _output_is_embeds(graph: Any, gather: Any) -> bool:
+    """Whether ``gather``'s output is ``inputs_embeds``, directly or through the graph's one Identity."""
+    if len(graph.node) == 2:  # Identity must take the Gather's output to the graph output
+        identity = next(n for n in graph.node if n.op_type == "Identity")
+        return identity.input[0] == gather.output[0] and identity.output[0] == "inputs_embeds"
+    return gather.output[0] == "inputs_embeds"
+
+
+def _quantized_table(path: Path, node: Any, tables: dict[str, Any]) -> QuantizedTable | None:
+    import onnx
+
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))
+    data, scales = (tables.get(name) for name in (node.input[0], node.input[2] if len(node.input) > 2 else ""))
+    if (len(node.input) > 3 and node.input[3]) or data is None or scales is None or bits not in (4, 8) \
+            or attrs.get("gather_axis", 0) != 0 or attrs.get("quantize_axis", 1) not in (1, -1) \
+            or data.data_type != onnx.TensorProto.UINT8 or len(data.dims) != 2 or len(scales.dims) != 2 \
+            or data.dims[1] * 8 != scales.dims[1] * block * bits or data.dims[0] != scales.dims[0]:
+        return None  # zero points, another layout or type: the session runs it
+    return QuantizedTable(_array(path, data), _array(path, scales), bits, block)
+
+
+def _array(path: Path, tensor: Any) -> np.ndarray:
+    """An initializer of the graph at ``path`` as an array, memory-mapped when it lives in a data file."""
+    import onnx
+    from onnx import numpy_helper
+
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         info = {e.key: e.value for e in tensor.external_data}
