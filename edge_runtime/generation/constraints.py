@@ -26,7 +26,7 @@ import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -81,9 +81,14 @@ class GrammarSpec:
 
 
 class GrammarCache:
-    """One model's llguidance tokenizer and its compiled grammars (thread-safe; LRU of ``capacity``)."""
+    """One model's llguidance tokenizer and its compiled grammars (thread-safe; LRU of ``capacity``).
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos: Iterable[int], capacity: int = 64) -> None:
+    ``tokenizer_json`` gives the tokenizer's JSON when the first grammar needs it: a model that never
+    constrains its output never holds that text (megabytes at a real vocabulary) or llguidance's tokenizer.
+    """
+
+    def __init__(self, tokenizer_json: Callable[[], str], vocab_size: int, eos: Iterable[int],
+                 capacity: int = 64) -> None:
         self._tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
         self._eos = sorted(eos)
@@ -103,7 +108,7 @@ class GrammarCache:
                     raise InvalidInputError("structured output needs the llguidance package, which is not "
                                             "installed here (pip install 'edge-runtime[generate]')") from None
 
-                self._tokenizer = LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                self._tokenizer = LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab_size,
                                               eos_token=self._eos or None)
             return self._tokenizer
 

@@ -197,7 +197,7 @@ class GenerativeModel:
         if self.engine is not None:  # onnxruntime-genai runs its own sampling: no masks of ours
             from edge_runtime.generation.constraints import GrammarCache
 
-            self.batcher.grammars = GrammarCache(self.tokenizer.tokenizer.to_str(), self.folder.vocab_size,
+            self.batcher.grammars = GrammarCache(self.tokenizer.tokenizer.to_str, self.folder.vocab_size,
                                                  self.folder.eos_token_ids)
         from edge_runtime.generation.tool_parsers import default_parser
 
