@@ -157,6 +157,8 @@ def write_genai_vlm_folder(source: Path, out: Path, threads: int = 1) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     onnx_dir = source / "onnx"
     shutil.copyfile(onnx_dir / "vision_encoder.onnx", out / VISION_FILE)
+    if (onnx_dir / "vision_encoder.onnx_data").is_file():  # the graph names its data file: the same name here
+        shutil.copyfile(onnx_dir / "vision_encoder.onnx_data", out / "vision_encoder.onnx_data")
     for path in onnx_dir.glob("decoder_model_merged.onnx*"):  # the graph and its external data, same names
         shutil.copyfile(path, out / path.name)
     text = {**config, **(config.get("text_config") or {})}

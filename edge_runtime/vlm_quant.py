@@ -52,7 +52,7 @@ def write_quantized_parts(folder: Path) -> dict[str, int]:
     ``use_external_data_format`` entries of the files written with external data."""
     onnx_dir = Path(folder) / "onnx"
     external: dict[str, int] = {}
-    quantize_dynamic_int8(onnx_dir / "vision_encoder.onnx", onnx_dir / "vision_encoder_quantized.onnx")
+    external.update(quantize_dynamic_int8(onnx_dir / "vision_encoder.onnx", onnx_dir / "vision_encoder_quantized.onnx"))
     external.update(quantize_nbits(onnx_dir, "vision_encoder", "vision_encoder_q4", 4))
     external.update(quantize_decoder_per_token(onnx_dir, "decoder_model_merged_quantized"))
     for precision, bits in DECODER_BITS.items():
@@ -69,11 +69,14 @@ def angle_matmuls(proto: Any) -> list[str]:
             if n.op_type == "MatMul" and rows.get(n.input[1], _MIN_LINEAR_INPUTS) < _MIN_LINEAR_INPUTS]
 
 
-def quantize_dynamic_int8(source: Path, out: Path) -> None:
+def quantize_dynamic_int8(source: Path, out: Path) -> dict[str, int]:
     """``onnxruntime.quantization.quantize_dynamic`` over the MatMuls, weights int8 per channel (one
-    scale per output column: a few large columns would cost the rest precision under one scale)."""
+    scale per output column: a few large columns would cost the rest precision under one scale); the
+    weights then moved beside the graph as every part keeps them (``vlm_parts.save_part``)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from edge_runtime.vlm_parts import save_part
 
     proto = onnx.load(str(source), load_external_data=False)
     exclude = angle_matmuls(proto)
@@ -82,15 +85,18 @@ def quantize_dynamic_int8(source: Path, out: Path) -> None:
     previous = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        # NOTE: int8 weights are a quarter of fp32: the output stays inline (under protobuf's 2 GiB) for
-        # any part under 8 GiB of fp32 weights. DefaultTensorType: shape inference cannot type the
+        # NOTE: int8 weights are a quarter of fp32: the output fits a protobuf (2 GiB) for any part under
+        # 8 GiB of fp32 weights, before save_part moves them out. DefaultTensorType: shape inference cannot type the
         # outputs of contrib ops (GroupQueryAttention), which feed the following MatMuls.
         quantize_dynamic(source, out, op_types_to_quantize=["MatMul"], per_channel=True,
                          weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         quiet.setLevel(previous)
+    external: dict[str, int] = {}
+    save_part(onnx.load(str(out)), out.parent, out.stem, external)
     log.info("%s -> %s (dynamic int8 MatMuls; kept fp32: %s)", source.name, out.name, exclude)
+    return external
 
 
 def quantize_decoder_per_token(onnx_dir: Path, stem: str) -> dict[str, int]:
@@ -108,19 +114,18 @@ def quantize_decoder_per_token(onnx_dir: Path, stem: str) -> dict[str, int]:
                             why="portable: u8 activations x s8 weights, as quantize_dynamic writes")
     quantized, done = per_token_int8(proto, settings, exclude=angle_matmuls(proto))
     external: dict[str, int] = {}
-    save_part(quantized, onnx_dir, stem, False, external)
+    save_part(quantized, onnx_dir, stem, external)
     log.info("decoder: %s (per-token int8 MatMulInteger, %d of them)", stem, done)
     return external
 
 
 def quantize_decoder_nbits(onnx_dir: Path, stem: str, bits: int) -> dict[str, int]:
     """``decoder_model_merged.onnx`` with ``bits``-bit MatMulNBits as ``onnx_dir/<stem>.onnx`` (+ ``_data``)."""
-    return quantize_nbits(onnx_dir, "decoder_model_merged", stem, bits, always_external=True)
+    return quantize_nbits(onnx_dir, "decoder_model_merged", stem, bits)
 
 
-def quantize_nbits(onnx_dir: Path, source: str, stem: str, bits: int, *, always_external: bool = False) -> dict[str, int]:
-    """``onnx_dir/<source>.onnx`` with ``bits``-bit MatMulNBits as ``<stem>.onnx`` (its data beside it when
-    ``always_external`` or large)."""
+def quantize_nbits(onnx_dir: Path, source: str, stem: str, bits: int) -> dict[str, int]:
+    """``onnx_dir/<source>.onnx`` with ``bits``-bit MatMulNBits as ``<stem>.onnx`` (+ ``_data``)."""
     import onnx
 
     from edge_runtime.optimize.decoder_quant import CONVERTER_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, matmul_nbits
@@ -130,7 +135,7 @@ def quantize_nbits(onnx_dir: Path, source: str, stem: str, bits: int, *, always_
     quantized = matmul_nbits(proto, bits, DEFAULT_BLOCK_SIZE, CONVERTER_ACCURACY_LEVEL, exclude=angle_matmuls(proto))
     del proto
     external: dict[str, int] = {}
-    save_part(quantized, onnx_dir, stem, always_external, external)
+    save_part(quantized, onnx_dir, stem, external)
     log.info("%s: %s (%d-bit MatMulNBits, %d of them)", source, stem, bits,
              sum(n.op_type == "MatMulNBits" for n in quantized.graph.node))
     return external
@@ -147,7 +152,7 @@ def quantize_embed_tokens(onnx_dir: Path, stem: str, bits: int) -> dict[str, int
     proto = onnx.load(str(onnx_dir / "embed_tokens.onnx"))
     tables = quantize_embeddings(proto, bits, DEFAULT_BLOCK_SIZE)
     external: dict[str, int] = {}
-    save_part(proto, onnx_dir, stem, False, external)
+    save_part(proto, onnx_dir, stem, external)
     log.info("embed_tokens: %s (%s)", stem, f"{bits}-bit GatherBlockQuantized" if tables else
              f"kept float: its width is not a multiple of {DEFAULT_BLOCK_SIZE}")
     return external

@@ -25,6 +25,7 @@ SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="ide
          "smolvlm": VLMSpec(family="smolvlm", seed=2),
          "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3)}
 QWEN = SPECS["qwen2_vl"]
+PARTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
@@ -74,9 +75,11 @@ def test_converted_folder_has_the_transformers_js_layout(family: str, converted:
     assert config["model_type"] == family
     if family in QWEN_FAMILIES:  # transformers.js reads Qwen2-VL's text sizes at the top level
         assert config["num_key_value_heads"] == config["text_config"]["num_key_value_heads"]
-    assert config["transformers.js_config"]["use_external_data_format"] == {"decoder_model_merged.onnx": 1}
+    # every part's weights beside its graph (ONNX Runtime maps them), listed for transformers.js
+    assert config["transformers.js_config"]["use_external_data_format"] == {f"{part}.onnx": 1 for part in PARTS}
     files = ["tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json",
-             "onnx/decoder_model_merged.onnx_data"] + ([] if family in QWEN_FAMILIES else ["processor_config.json"])
+             *(f"onnx/{part}.onnx_data" for part in PARTS)] + ([] if family in QWEN_FAMILIES
+                                                                else ["processor_config.json"])
     for name in files:
         assert (converted / name).is_file(), name
     placeholder = "<|image_pad|>" if family in QWEN_FAMILIES else "<image>"
@@ -258,7 +261,7 @@ def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path,
     np.testing.assert_allclose(half, full, atol=0.01 * np.abs(full).max())
     config = json.loads((folder / "config.json").read_text())
     assert config["transformers.js_config"]["use_external_data_format"] == {
-        "decoder_model_merged.onnx": 1, "decoder_model_merged_fp16.onnx": 1}
+        f"{part}{suffix}.onnx": 1 for part in PARTS for suffix in ("", "_fp16")}
     mask = np.ones((2, 6), np.int64)
     mask[1, :3] = 0
     base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
@@ -287,13 +290,12 @@ def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
 def test_large_model_path_external_data_for_every_part(qwen_checkpoint: Path, qwen_model, tmp_path: Path,
                                                        monkeypatch) -> None:
     """Large parts are checked from their saved file, not in memory, and keep weights in ``<file>_data``
-    (limits lowered here so a tiny model takes the path a real checkpoint takes)."""
+    (the limit lowered here so a tiny model takes the path a real checkpoint takes)."""
     from edge_runtime import model_zoo, vlm_parts
     from edge_runtime.vision_convert import convert_vlm_folder
 
     for module in (model_zoo, vlm_parts):
         monkeypatch.setattr(module, "IN_MEMORY_CHECK_BYTES", 4096)
-    monkeypatch.setattr(vlm_parts, "EXTERNAL_DATA_BYTES", 4096)
     folder = convert_vlm_folder(qwen_checkpoint, tmp_path / "large")
     parts = ("vision_encoder", "embed_tokens", "decoder_model_merged")
     config = json.loads((folder / "config.json").read_text())

@@ -44,8 +44,8 @@ def _ops(folder: Path, part: str) -> collections.Counter:
 def test_quantized_parts_are_written_with_their_kernels(quantized_folder: Path) -> None:
     assert all((quantized_folder / "onnx" / f"{part}.onnx").is_file() for part in QUANTIZED)
     for part, kernel in (("vision_encoder_quantized", "MatMulInteger"), ("vision_encoder_q4", "MatMulNBits"),
-                         ("decoder_model_merged_quantized", "MatMulInteger"), ("decoder_model_merged_q4", "MatMulNBits"),
-                         ("decoder_model_merged_int8", "MatMulNBits")):
+                         ("decoder_model_merged_quantized", "MatMulInteger"),
+                         ("decoder_model_merged_q4", "MatMulNBits"), ("decoder_model_merged_int8", "MatMulNBits")):
         ops = _ops(quantized_folder, part)
         # one MatMul stays fp32: positions -> rotary angles (a per-call int8 scale would round positions)
         assert ops[kernel] > 0 and ops["MatMul"] == 1, (part, ops)
