@@ -241,7 +241,7 @@ def _convert(path: Path, mode: str, op: str, bits: int, block_size: int, level: 
     table in ``bits``), how many MatMuls it had, and the embedding tables quantized."""
     import onnx
 
-    from edge_runtime.optimize.embedding_quant import quantize_embeddings
+    from edge_runtime.optimize.embedding_quant import quantize_embeddings, share_tied_table
 
     proto = onnx.load(str(path))
     total = sum(1 for node in proto.graph.node if node.op_type == "MatMul")
@@ -255,7 +255,12 @@ def _convert(path: Path, mode: str, op: str, bits: int, block_size: int, level: 
         raise ModelLoadError(f"quantize {mode}: cannot convert {path}: {type(exc).__name__}: {exc}") from exc
     if done == 0:
         raise ModelLoadError(f"quantize {mode}: {path} has no MatMul with a constant 2-D weight to quantize")
-    return converted, total, quantize_embeddings(converted, bits, block_size) if embeddings else []
+    tables = quantize_embeddings(converted, bits, block_size) if embeddings else []
+    if tables and op == NBITS:
+        shared = share_tied_table(converted)
+        log.info("quantize %s: embedding %s quantized%s", mode, tables,
+                 f"; it reads the tied head's integers ({shared})" if shared else "")
+    return converted, total, tables
 
 
 def _copy(model: Any) -> Any:

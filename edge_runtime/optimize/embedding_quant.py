@@ -13,7 +13,13 @@ weights come from): its ``MatMulNBitsQuantizer`` turns a Gather into ``GatherBlo
 
 Only the embedding is touched: a ``Gather`` of ``input_ids`` (the graph input) from a constant
 2-D float table on axis 0 that nothing else reads, whose width is a multiple of ``block_size``.
-A tied head is a transposed copy in our graphs (``decoder_zoo``), quantized as a MatMul.
+
+A tied head is a transposed copy of the table in our graphs (``decoder_zoo``), and ``MatMulNBits``
+quantizes it into the very same blocks — one row of its ``B`` per vocabulary entry, blocks along the
+hidden axis. ``share_tied_table`` then lets the Gather read the head's integers instead of a copy of
+them (what onnxruntime-genai's builder calls shared embeddings): ``MatMulNBits`` checks its ``B`` is
+[N, blocks, block bytes], so the Gather reads that 3-D form, quantized along its last axis, and a
+Reshape joins the blocks of each row again; the scales stay a copy (the op checks theirs too).
 """
 
 from __future__ import annotations
@@ -88,3 +94,58 @@ def _blocks(table: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, 
     packed, scales, _ = DefaultWeightOnlyQuantizer(config).qbits_block_quant(np.ascontiguousarray(table.T))
     return packed, scales
 
+
+def share_tied_table(proto: Any) -> list[str]:
+    """Where a ``GatherBlockQuantized`` table of ``proto`` (weights loaded) holds the same integers and scales as
+    a ``MatMulNBits`` weight (a tied head), read them from that weight and drop the copy (in place); returns
+    the tables dropped."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    tables = {t.name: t for t in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    heads = {}
+    for node in graph.node:
+        if node.op_type == "MatMulNBits" and len(node.input) >= 3 and not any(node.input[3:]) \
+                and node.input[1] in tables and node.input[2] in tables:
+            attrs = {a.name: a.i for a in node.attribute}
+            heads[(attrs.get("N"), attrs.get("K"), attrs.get("bits", 4), attrs.get("block_size"))] = node
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input}
+    shared = []
+    for node in list(graph.node):
+        if node.op_type != "GatherBlockQuantized" or node.input[0] not in tables or len(node.input) != 3 \
+                or ranks.get(node.input[1]) != 2:  # the Reshape below keeps two leading dims: [batch, seq]
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        data, scales = tables[node.input[0]], tables[node.input[2]]
+        bits, block = attrs.get("bits", 4), attrs.get("block_size", 128)
+        if len(data.dims) != 2 or attrs.get("quantize_axis", 1) != 1 or readers.get(scales.name) != 1:
+            continue
+        vocab, hidden = int(data.dims[0]), int(data.dims[1]) * 8 // bits
+        head = heads.get((vocab, hidden, bits, block))
+        if head is None:
+            continue
+        head_data, head_scales = tables[head.input[1]], tables[head.input[2]]
+        if not (np.array_equal(numpy_helper.to_array(head_data).reshape(vocab, -1), numpy_helper.to_array(data))
+                and np.array_equal(numpy_helper.to_array(head_scales).reshape(scales.dims),
+                                   numpy_helper.to_array(scales))):
+            continue
+        scales.dims[:] = [vocab, hidden // block, 1]  # the same bytes, one block per row of the 3-D form
+        blocks = node.output[0] + "_blocks"
+        shape = numpy_helper.from_array(np.array([0, 0, hidden], np.int64), node.output[0] + "_shape")
+        read = onnx.helper.make_node("GatherBlockQuantized", [head_data.name, node.input[1], scales.name], [blocks],
+                                     name=node.name, domain="com.microsoft", gather_axis=0, quantize_axis=2,
+                                     block_size=block, bits=bits)
+        join = onnx.helper.make_node("Reshape", [blocks, shape.name], list(node.output), name=node.name + "_rows")
+        index = next(i for i, n in enumerate(graph.node) if n == node)
+        graph.node.remove(node)
+        graph.node.insert(index, join)
+        graph.node.insert(index, read)
+        graph.initializer.remove(data)
+        graph.initializer.append(shape)
+        shared.append(data.name)
+    return shared

@@ -92,17 +92,20 @@ def dequantized_weights(model: onnx.ModelProto) -> dict[str, tuple[np.ndarray, n
 
 def dequantized_table(node: onnx.NodeProto, init: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{original table name: (table [vocab, hidden] dequantized per the GatherBlockQuantized spec, per-element
-    scale)}: uint8 data, ``bits`` a value packed low bits first, no zero points (the default 2^(bits-1))."""
+    scale)}: uint8 data, ``bits`` a value packed low bits first along the last axis, blocks along the last
+    axis (a tied table read from the head's 3-D ``B``: one block per row of its last axis), no zero points
+    (the default 2^(bits-1)). The table keeps its name in its scales' (its data may be the head's)."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert (attrs["gather_axis"], attrs["quantize_axis"]) == (0, 1) and len(node.input) == 3
     packed, scales = init[node.input[0]], init[node.input[2]].astype(np.float32)
+    assert attrs["gather_axis"] == 0 and attrs["quantize_axis"] == packed.ndim - 1 and len(node.input) == 3
     bits, block = attrs["bits"], attrs["block_size"]
-    assert packed.dtype == np.uint8
-    values = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(len(packed), -1) if bits == 4 else packed
-    per_element = np.repeat(scales, block, axis=1)
+    assert packed.dtype == np.uint8 and scales.shape[-1] == packed.shape[-1] * 8 // bits // block
+    values = np.stack([packed & 0x0F, packed >> 4], axis=-1) if bits == 4 else packed
+    values = values.reshape(len(packed), -1)
+    per_element = np.repeat(scales.reshape(len(packed), -1), block, axis=1)
     assert per_element.shape == values.shape
     table = (values.astype(np.float32) - 2 ** (bits - 1)) * per_element
-    return {node.input[0].rsplit("_q", 1)[0]: (table, np.abs(per_element))}
+    return {node.input[2].rsplit("_scales", 1)[0]: (table, np.abs(per_element))}
 
 
 @pytest.mark.parametrize("mode,bits", [("int4", 4), ("int8", 8)])
@@ -186,8 +189,9 @@ def test_eight_bits_drift_less_than_four(decoder: Path, tmp_path: Path) -> None:
 def test_float_embeddings_keep_the_table_and_cost_its_bytes(decoder: Path, tmp_path: Path, mode: str,
                                                             bits: int) -> None:
     """``embeddings=False`` (``--float-embeddings``) leaves the embedding Gather and its fp32 table as they
-    were; the default stores the table in ``bits``: the folder is smaller by about the table's fp32 bytes
-    less its integers and scales, and the quantized table's rows are used (the logits differ)."""
+    were; the default stores the table in ``bits`` and, the test decoder's head being tied, reads the
+    head's integers rather than a copy: the folder is smaller by about the table's fp32 bytes less its
+    scales, and the quantized table's rows are used (the logits differ)."""
     from edge_runtime.optimize.decoder_quant import quantize_decoder
 
     kept = quantize_decoder(decoder, tmp_path / "kept", mode, kernel="matmulnbits", accuracy_level=0,
@@ -200,7 +204,10 @@ def test_float_embeddings_keep_the_table_and_cost_its_bytes(decoder: Path, tmp_p
     assert len(gathers) == 1 and tables[gathers[0].input[0]].data_type == onnx.TensorProto.FLOAT
     assert not any(n.op_type == "GatherBlockQuantized" for n in graph.node)
     table_bytes = SHAPE.vocab * SHAPE.hidden * 4
-    stored = SHAPE.vocab * SHAPE.hidden * bits // 8 + SHAPE.vocab * SHAPE.hidden // 32 * 4  # integers + scales
+    stored = SHAPE.vocab * SHAPE.hidden // 32 * 4  # its scales: the integers are the head's
+    graph = onnx.load(str(tmp_path / "packed" / "model.onnx")).graph
+    head = next(n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+    assert [n.input[0] for n in graph.node if n.op_type == "GatherBlockQuantized"] == [head.input[1]]
     saved = kept.out_bytes - packed.out_bytes
     assert abs(saved - (table_bytes - stored)) < 0.05 * table_bytes, (saved, table_bytes - stored)
     tokens = list(range(3, 40))
