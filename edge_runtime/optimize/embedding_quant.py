@@ -43,11 +43,7 @@ def quantize_embeddings(proto: Any, bits: int, block_size: int) -> list[str]:
     if bits not in (4, 8):
         raise ValueError(f"embedding tables take 4 or 8 bits, got {bits}")
     graph = proto.graph
-    tables = {t.name: t for t in graph.initializer}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    tables, readers = _initializers_and_readers(graph)
     outputs = {o.name for o in graph.output}
     done = []
     for index, node in enumerate(list(graph.node)):
@@ -84,6 +80,15 @@ def quantize_embeddings(proto: Any, bits: int, block_size: int) -> list[str]:
     return done
 
 
+def _initializers_and_readers(graph: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """The graph's initializers by name, and how many node inputs read each name."""
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    return {t.name: t for t in graph.initializer}, readers
+
+
 def _blocks(table: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(packed uint8 [vocab, hidden / block, block * bits / 8], scales [vocab, hidden / block]) of ``table``
     [vocab, hidden] quantized per row in blocks along the hidden axis: onnxruntime's quantizer sees the
@@ -103,11 +108,7 @@ def share_tied_table(proto: Any) -> list[str]:
     from onnx import numpy_helper
 
     graph = proto.graph
-    tables = {t.name: t for t in graph.initializer}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    tables, readers = _initializers_and_readers(graph)
     heads = {}
     for node in graph.node:
         if node.op_type == "MatMulNBits" and len(node.input) >= 3 and not any(node.input[3:]) \
