@@ -314,7 +314,10 @@ def measure_kernels(description: Any, models: dict[str, Any], *, threads: int = 
     with tempfile.TemporaryDirectory(prefix="edge-runtime-kernels-") as work:
         for index, (name, model) in enumerate(models.items()):
             path = Path(work) / f"kernel{index}.onnx"
-            onnx.save(model, str(path), save_as_external_data=model.ByteSize() > _PROTOBUF_LIMIT,
+            large = model.ByteSize() > _PROTOBUF_LIMIT
+            # NOTE: saving with external data moves the weights out of the proto saved; the chosen one is
+            # written to the folder afterwards, so a large candidate is saved from a copy.
+            onnx.save(_copy(model) if large else model, str(path), save_as_external_data=large,
                       location=f"kernel{index}.onnx.data")
             engines[name] = DecoderEngine(dataclasses.replace(description, model_path=path), threads=threads,
                                           max_batch=max(rows), max_len=steps + 16)

@@ -353,3 +353,23 @@ def test_auto_weighs_speed_only_among_kernels_near_the_smallest_drift() -> None:
     assert fastest(steps, far) == "MatMulNBits level 4"  # too far from the most precise: speed does not buy it
     alone = {"a": {1: 1.0, 8: 10.0}, "b": {1: 1.5, 8: 8.0}}  # worst ratios: a 1.25, b 1.5
     assert fastest(alone) == "a"
+
+
+def test_a_model_past_the_protobuf_limit_is_timed_and_written_whole(decoder: Path, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """Past protobuf's 2 GiB the timed candidates are saved with external data, which empties the graph
+    saved; the one chosen is written afterwards, so it must still hold its weights (the limit lowered
+    here so a tiny model takes that path)."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.optimize import decoder_quant
+
+    monkeypatch.setattr(decoder_quant, "_PROTOBUF_LIMIT", 1024)
+    out = tmp_path / "int4"
+    result = decoder_quant.quantize_decoder(decoder, out, "int4", kernel="matmulnbits")  # timed: levels 0, 4
+    assert result.step_ms is not None
+    model = GenerativeModel("q", out, GenerationSettings(), threads=1)
+    try:
+        assert model.generate(prompt="open the settings", max_tokens=3, ignore_eos=True).usage.completion_tokens == 3
+    finally:
+        model.close()
