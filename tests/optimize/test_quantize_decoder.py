@@ -373,3 +373,23 @@ def test_a_model_past_the_protobuf_limit_is_timed_and_written_whole(decoder: Pat
         assert model.generate(prompt="open the settings", max_tokens=3, ignore_eos=True).usage.completion_tokens == 3
     finally:
         model.close()
+
+
+def test_an_untied_head_keeps_the_table_its_own_integers(decoder: Path) -> None:
+    """Only a head holding the very integers and scales of the table serves as it: with the head's weights
+    changed (an untied model), the Gather keeps its own table."""
+    from edge_runtime.optimize.decoder_quant import matmul_nbits
+    from edge_runtime.optimize.embedding_quant import quantize_embeddings, share_tied_table
+
+    for untie in (False, True):
+        model = onnx.load(str(decoder / "model.onnx"))
+        if untie:
+            head = next(t for t in model.graph.initializer if t.name.startswith("lm_head"))
+            head.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(head) * 1.5, head.name))
+        converted = matmul_nbits(model, 4, 32, 0)
+        tables = quantize_embeddings(converted, 4, 32)
+        shared = share_tied_table(converted)
+        assert len(tables) == 1 and bool(shared) is not untie, (untie, shared)
+        gather = next(n for n in converted.graph.node if n.op_type == "GatherBlockQuantized")
+        head = next(n for n in converted.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+        assert (gather.input[0] == head.input[1]) is not untie
