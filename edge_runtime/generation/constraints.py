@@ -112,6 +112,11 @@ class GrammarCache:
                                               eos_token=self._eos or None)
             return self._tokenizer
 
+    def holds(self, spec: GrammarSpec) -> bool:
+        """Whether ``spec`` is compiled already (``compile`` would return at once)."""
+        with self._lock:
+            return spec.key in self._compiled
+
     def compile(self, spec: GrammarSpec) -> Any:
         """The compiled matcher of ``spec`` in its initial state (shared: copy it before use).
 

@@ -183,22 +183,33 @@ def resolve(structured: Structured, params: Any, grammars: Any, parser: str) -> 
     Each tool's parameters are compiled on their own first, so a bad schema is named by its tool.
     InvalidInputError when a grammar does not compile or the model cannot constrain.
     """
+    guide, specs = _grammars_of(structured, parser)
+    for spec in specs:
+        if grammars is None:
+            raise InvalidInputError(f"{spec.where}: this model cannot constrain its output")
+        grammars.compile(spec)
+    return params if guide is None else replace(params, guide=guide)
+
+
+def compiles_anew(structured: Structured, grammars: Any, parser: str) -> bool:
+    """Whether ``resolve`` would compile a grammar ``grammars`` has not cached (milliseconds to
+    seconds for a large schema: a server runs that off its event loop; a cached one costs nothing)."""
+    if grammars is None:
+        return False  # resolve only raises
+    return any(not grammars.holds(spec) for spec in _grammars_of(structured, parser)[1])
+
+
+def _grammars_of(structured: Structured, parser: str) -> tuple[GrammarSpec | None, list[GrammarSpec]]:
+    """(the request's guide, the grammars to compile for it, each tool's parameters first)."""
     guide = structured.guide
+    specs: list[GrammarSpec] = []
     if structured.tools is not None and structured.parses_tools:
         guide = tool_guide(structured.tools, parser) or guide
         if guide is not None and guide.where == "tools":
             for index, tool in enumerate(structured.tools.tools):
                 parameters = tool["function"].get("parameters")
                 if parameters is not None:
-                    _compile(grammars, GrammarSpec.json_schema(dict(parameters),
-                                                              f"tools[{index}].function.parameters"))
-    if guide is None:
-        return params
-    _compile(grammars, guide)
-    return replace(params, guide=guide)
-
-
-def _compile(grammars: Any, spec: GrammarSpec) -> None:
-    if grammars is None:
-        raise InvalidInputError(f"{spec.where}: this model cannot constrain its output")
-    grammars.compile(spec)
+                    specs.append(GrammarSpec.json_schema(dict(parameters), f"tools[{index}].function.parameters"))
+    if guide is not None:
+        specs.append(guide)
+    return guide, specs

@@ -29,7 +29,7 @@ from aiohttp import web
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
 from edge_runtime.generation import tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
-from edge_runtime.generation.structured import resolve
+from edge_runtime.generation.structured import compiles_anew, resolve
 from edge_runtime.generation.tool_stream import ToolStream
 from edge_runtime.protocol.codec import EncodedResponse
 from edge_runtime.server.errors import error_headers, mapping_of, openai_error_body, public_message
@@ -152,16 +152,44 @@ def _tool_deltas(events: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
     loaded = await generative(request, parsed.model)
-    # NOTE: no await from here to dispatcher.stream, which marks the model busy: the budget cannot unload it between.
+    # NOTE: no await from here until the model is held busy (dispatcher.hold or dispatcher.stream): the budget
+    # cannot unload it between.
     if parsed.wants_async and parsed.stream:
         raise InvalidInputError("'async' and 'stream' cannot be combined")
     answer = _Answer(parsed, loaded)
     multimodal = getattr(loaded.model, "is_multimodal", False)
     structured = parsed.structured
+    release = None  # set once the model is held busy before its stream exists
     if (structured.guide is not None or structured.parses_tools) and not (parsed.images and not multimodal):
         # compiled (cached per grammar) before the request is queued: a bad schema is a 400 before any token
-        parsed = replace(parsed, params=resolve(structured, parsed.params, getattr(loaded.model, "grammars", None),
-                                                getattr(loaded.model, "tool_parser", "json")))
+        grammars = getattr(loaded.model, "grammars", None)
+        parser = getattr(loaded.model, "tool_parser", "json")
+        if compiles_anew(structured, grammars, parser):
+            # A new grammar (and, the first time, llguidance's tokenizer) takes milliseconds to seconds
+            # for a large schema: on a thread, so other requests' tokens keep flowing; the model is
+            # held busy meanwhile, as a VLM's image work holds it below.
+            release = loaded.dispatcher.hold()
+            try:
+                params = await asyncio.to_thread(resolve, structured, parsed.params, grammars, parser)
+            except BaseException:
+                release()
+                raise
+        else:
+            params = resolve(structured, parsed.params, grammars, parser)
+        parsed = replace(parsed, params=params)
+    try:
+        return await _route(request, parsed, loaded, answer, multimodal, release)
+    except BaseException:
+        if release is not None:
+            release()  # idempotent: a stream that took it has released it already
+        raise
+
+
+async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answer: "_Answer", multimodal: bool,
+                 release: Any) -> web.StreamResponse:
+    """``_answer`` after the request's grammars are compiled: to the cloud, through a VLM's image work,
+    or straight to the batcher; then streamed, collected or submitted as a task."""
+    structured = parsed.structured
     tools = list(structured.tools.tools) if structured.tools is not None else None
     if parsed.images and not multimodal:
         if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
@@ -171,7 +199,7 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
     elif multimodal:
         # A VLM decodes, preprocesses and encodes the images in prepare: up to seconds of work that must
         # not block the event loop, with the model held busy (not unloadable) from before it starts.
-        release = loaded.dispatcher.hold()
+        release = release or loaded.dispatcher.hold()
 
         def prepare() -> Awaitable[Any]:
             return asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages,
@@ -196,7 +224,8 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
     else:
         prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools)
         prepared_text = prepared.text
-        chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed)  # busy from here: close it on every path
+        # busy from here (or since the grammar's compile): close it on every path
+        chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
     if parsed.wants_async:
         return _submit_task(request, loaded, answer, chunks, prepared_text)
     first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent

@@ -349,6 +349,43 @@ def test_grammars_compile_once_and_cloud_bodies_keep_the_fields(server: LiveServ
         k: body[k] for k in ("tools", "parallel_tool_calls", "response_format", "structured_outputs")}
 
 
+def test_a_new_grammar_compiles_off_the_event_loop(server: LiveServer, client: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a new schema compiles (held here until the check is done), the server still answers
+    another request with its tokens: the compile is not on the event loop. A compile run on the
+    loop would block that request until the gate times out, and the test would fail."""
+    grammars = local(server).grammars
+    real_compile = grammars.compile
+    entered, proceed = threading.Event(), threading.Event()
+
+    def gated(spec: Any) -> Any:
+        entered.set()
+        assert proceed.wait(60), "the held compile was never released"
+        return real_compile(spec)
+
+    monkeypatch.setattr(grammars, "compile", gated)
+    schema = {"type": "object", "properties": {"gate": {"type": "integer", "minimum": 3, "maximum": 7}},
+              "required": ["gate"], "additionalProperties": False}
+    answers: dict[str, Any] = {}
+
+    def constrained() -> None:
+        answers["constrained"] = client.chat.completions.create(
+            model="chat", messages=MESSAGES, max_tokens=30,
+            response_format={"type": "json_schema", "json_schema": {"name": "gate", "schema": schema}})
+
+    worker = threading.Thread(target=constrained)
+    worker.start()
+    try:
+        assert entered.wait(60), "the constrained request never reached its compile"
+        free = client.with_options(timeout=30).chat.completions.create(model="chat", messages=MESSAGES,
+                                                                       max_tokens=8)
+        assert free.usage.completion_tokens >= 1 and worker.is_alive()  # answered while the compile waited
+    finally:
+        proceed.set()
+        worker.join(120)
+    jsonschema.validate(json.loads(answers["constrained"].choices[0].message.content), schema)
+
+
 @pytest.mark.parametrize("parser, text", [
     ("hermes", 'Sure.<tool_call>\n{"name":"tap","arguments":{"x":1,"s":"a}\\"{"}}\n</tool_call>\n<tool_call>\n'
                '{"name": "type_text", "arguments": {"text": "hi"}}\n</tool_call>'),
