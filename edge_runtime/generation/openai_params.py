@@ -2,14 +2,14 @@
 
 Transport-free: the HTTP adapters and the cloud client both use it. Unknown
 fields that OpenAI defines but we ignore (``user``, ``metadata``, ...) pass;
-parameters whose meaning we cannot honour (``n > 1``) are a 400, not a silent
-change of meaning. Structured output and tools (``response_format``, ``tools``,
+parameters whose meaning we cannot honour are a 400, not a silent change of
+meaning. ``n`` choices are ``n`` sequences of one request (``OpenAIRequest.choice``). Structured output and tools (``response_format``, ``tools``,
 ``tool_choice``, vLLM's ``structured_outputs``) are read by ``structured``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from edge_runtime.errors import InvalidInputError
@@ -17,6 +17,7 @@ from edge_runtime.generation.sampling import SamplingParams
 from edge_runtime.generation.structured import Structured, parse_structured
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
+MAX_CHOICES = 128  # OpenAI's bound on ``n``
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,20 @@ class OpenAIRequest:
     body: Mapping[str, Any] | None = None  # the request as received, for forwarding to a cloud peer
     images: tuple[str, ...] = ()  # where each image part is ("messages[1].content[0]"), in prompt order
     structured: Structured = Structured()  # output constraint and tools (free text by default)
+    n: int = 1  # choices asked for
+
+    def choice(self, index: int) -> "OpenAIRequest":
+        """The request of choice ``index`` alone: one choice, and with a ``seed``, ``seed + index`` (so
+        seeded choices differ, each reproducible by a request of its own; forwarded so to a peer)."""
+        seed = self.params.seed
+        if self.n == 1 and index == 0:
+            return self
+        body = {**(self.body or {}), "n": 1}
+        params = self.params
+        if seed is not None:
+            body["seed"] = seed + index
+            params = replace(params, seed=seed + index)
+        return replace(self, params=params, body=body, n=1)
 
     def forward_body(self, remote_model: str) -> dict[str, Any]:
         """The body to send an OpenAI-compatible peer: its model name, streamed, with usage."""
@@ -67,9 +82,6 @@ def _model(body: Mapping[str, Any]) -> str:
 
 
 def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise InvalidInputError(f"'n' must be 1 (one choice per request), got {n!r}")
     max_tokens = body.get("max_completion_tokens") if chat else None
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
@@ -94,6 +106,15 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           presence_penalty=_number(body, "presence_penalty", 0.0),
                           frequency_penalty=_number(body, "frequency_penalty", 0.0), logprobs=logprobs,
                           top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"))
+
+
+def _choices(body: Mapping[str, Any]) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise InvalidInputError(f"'n' must be an integer from 1 to {MAX_CHOICES} (choices), got {n!r}")
+    return n
 
 
 def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
@@ -142,7 +163,7 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
                          messages=messages, wants_async=_bool(body, "async"), body=body,
-                         images=image_parts(messages), structured=structured)
+                         images=image_parts(messages), structured=structured, n=_choices(body))
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
@@ -160,4 +181,4 @@ def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=False), stream, _stream_options(body, stream), prompt=prompt,
                          echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body,
-                         structured=structured)
+                         structured=structured, n=_choices(body))

@@ -80,7 +80,12 @@ class _Answer:
         return {"tokens": [text(c.token) for c in choices], "token_logprobs": [c.logprob for c in choices],
                 "top_logprobs": [{text(t): lp for t, lp in c.top} for c in choices], "text_offset": []}
 
-    def whole(self, prompt_text: str, chunks: list[Any]) -> dict[str, Any]:
+    def whole(self, prompt_text: str, choices: list[list[Any]]) -> dict[str, Any]:
+        """The whole answer of ``choices`` (each choice's chunks, in choice order)."""
+        documents = [self._whole_choice(index, prompt_text, chunks) for index, chunks in enumerate(choices)]
+        return {**self.envelope(documents, chunk=False), "usage": _usage([chunks[-1] for chunks in choices])}
+
+    def _whole_choice(self, index: int, prompt_text: str, chunks: list[Any]) -> dict[str, Any]:
         last = chunks[-1]
         text = "".join(c.text for c in chunks)
         if self.chat:
@@ -95,45 +100,95 @@ class _Answer:
                     message = {"role": "assistant", "content": content,
                                "tool_calls": [c.to_dict() for c in calls]}
                     reason = "tool_calls" if reason == "stop" else reason
-            choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
-        else:
-            choice = {"index": 0, "text": (prompt_text if self.parsed.echo else "") + text,
-                      "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
-        return {**self.envelope([choice], chunk=False), "usage": last.usage.to_dict()}
+            return {"index": index, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
+        return {"index": index, "text": (prompt_text if self.parsed.echo else "") + text,
+                "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
 
-    async def events(self, first: Any, rest: AsyncIterator[Any], prompt_text: str) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, firsts: list[Any], streams: list[AsyncIterator[Any]],
+                     prompt_text: str) -> AsyncIterator[dict[str, Any]]:
+        """The stream's events: each choice's deltas as they come (one choice's in order), then the
+        usage of all when asked for."""
         usage_field = {"usage": None} if self.parsed.include_usage else {}
+        lasts = list(firsts)
+
+        async def choice_events(index: int) -> AsyncIterator[dict[str, Any]]:
+            async for choice in self._choice_events(index, firsts[index], streams[index], prompt_text, lasts):
+                yield choice
+
+        merged = _merged([choice_events(i) for i in range(len(firsts))])
+        try:
+            async for choice in merged:
+                yield {**self.envelope([choice], True), **usage_field}
+        finally:
+            await merged.aclose()  # its reads of the streams stop before the streams are closed
+        if self.parsed.include_usage and all(last.usage is not None for last in lasts):
+            yield {**self.envelope([], True), "usage": _usage(lasts)}
+
+    async def _choice_events(self, index: int, first: Any, rest: AsyncIterator[Any], prompt_text: str,
+                             lasts: list[Any]) -> AsyncIterator[dict[str, Any]]:
+        """Choice ``index``'s stream entries; its last chunk is left in ``lasts[index]``."""
         if self.chat:
-            yield {**self.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                     "logprobs": None, "finish_reason": None}], True), **usage_field}
+            yield {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                   "finish_reason": None}
         elif self.parsed.echo:
-            yield {**self.envelope([{"index": 0, "text": prompt_text, "logprobs": None, "finish_reason": None}],
-                                   True), **usage_field}
+            yield {"index": index, "text": prompt_text, "logprobs": None, "finish_reason": None}
         tools = ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
         called = False
-        chunk, last = first, first
+        chunk = first
         while chunk is not None:
-            last = chunk
+            lasts[index] = chunk
             text, reason = chunk.text, chunk.finish_reason
             if tools is not None:
                 events = tools.feed(text) + (tools.finish() if reason is not None else [])
                 called = called or any(e[0] == "call" for e in events)
                 for delta in _tool_deltas(events):
-                    yield {**self.envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
-                                           True), **usage_field}
+                    yield {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
                 text = ""
                 reason = "tool_calls" if called and reason == "stop" else reason
             if text or reason or chunk.logprobs or chunk.tool_calls:
                 delta: dict[str, Any] = {"content": text} if text else {}
                 if chunk.tool_calls:
                     delta["tool_calls"] = [dict(c) for c in chunk.tool_calls]
-                choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": text})
+                choice = ({"index": index, "delta": delta} if self.chat else {"index": index, "text": text})
                 choice["logprobs"] = self.logprobs([chunk])
                 choice["finish_reason"] = reason
-                yield {**self.envelope([choice], True), **usage_field}
+                yield choice
             chunk = await anext(rest, None)
-        if self.parsed.include_usage and last.usage is not None:
-            yield {**self.envelope([], True), "usage": last.usage.to_dict()}
+
+
+def _usage(lasts: list[Any]) -> dict[str, Any]:
+    """One request's usage from its choices' last chunks: the prompt counted once (with the first
+    choice's cached tokens), the completions of all choices summed."""
+    usage = lasts[0].usage.to_dict()
+    if len(lasts) > 1:
+        completion = sum(last.usage.completion_tokens for last in lasts)
+        usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+    return usage
+
+
+async def _merged(generators: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    """The items of several async iterators as each comes, every one's own order kept (asyncio has no
+    merge of async iterators, and one extra dependency for these lines is not worth it)."""
+    if len(generators) == 1:
+        async for item in generators[0]:
+            yield item
+        return
+    pending = {asyncio.ensure_future(anext(g)): g for g in generators}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in [t for t in pending if t in done]:
+                generator = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(generator))] = generator
+                yield item
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _tool_deltas(events: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -188,14 +243,18 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
 async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answer: "_Answer", multimodal: bool,
                  release: Any) -> web.StreamResponse:
     """``_answer`` after the request's grammars are compiled: to the cloud, through a VLM's image work,
-    or straight to the batcher; then streamed, collected or submitted as a task."""
+    or straight to the batcher; then streamed, collected or submitted as a task. ``n`` choices are
+    ``n`` sequences of the one prompt (prepared once: a VLM's images are encoded once)."""
     structured = parsed.structured
     tools = list(structured.tools.tools) if structured.tools is not None else None
+    choices = [parsed.choice(i) for i in range(parsed.n)]
+    if parsed.n > 1 and getattr(loaded.model, "backend", None) == "onnxruntime-genai":
+        raise InvalidInputError(f"'n' must be 1 for {parsed.model}: onnxruntime-genai runs it, one sequence at a time")
     if parsed.images and not multimodal:
         if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
             raise InvalidInputError(f"{parsed.model} is not a multimodal model")
         prepared_text = ""
-        chunks = loaded.dispatcher.stream_remote(parsed.params, parsed)  # busy from here, as below
+        streams = [loaded.dispatcher.stream_remote(c.params, c) for c in choices]  # busy from here, as below
     elif multimodal:
         # A VLM decodes, preprocesses and encodes the images in prepare: up to seconds of work that must
         # not block the event loop, with the model held busy (not unloadable) from before it starts.
@@ -207,53 +266,87 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
 
         try:
             # With a [cloud] peer the route is chosen before that work (an image sent to the cloud costs
-            # nothing here); a stream only: an async task or an echo must have the prompt up front.
+            # nothing here); one streamed choice only: an async task or an echo must have the prompt up
+            # front, and several choices share one prepared prompt.
             estimate = (await asyncio.to_thread(loaded.model.estimate, prompt=parsed.prompt,
                                                 messages=parsed.messages, tools=tools)
-                        if loaded.dispatcher.forwards and not parsed.wants_async and not parsed.echo else None)
+                        if loaded.dispatcher.forwards and not parsed.wants_async and not parsed.echo
+                        and parsed.n == 1 else None)
             prepared = None if estimate is not None else await prepare()
         except BaseException:
             release()
             raise
         if prepared is None:
             prepared_text = ""  # chat (no echo): the prompt text is never sent back
-            chunks = loaded.dispatcher.stream_deferred(prepare, estimate, parsed.params, parsed, release)
+            streams = [loaded.dispatcher.stream_deferred(prepare, estimate, parsed.params, parsed, release)]
         else:
             prepared_text = prepared.text
-            chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
+            streams = [loaded.dispatcher.stream(prepared, c.params, c, release=release if i == 0 else None)
+                       for i, c in enumerate(choices)]
     else:
         prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools)
         prepared_text = prepared.text
-        # busy from here (or since the grammar's compile): close it on every path
-        chunks = loaded.dispatcher.stream(prepared, parsed.params, parsed, release=release)
+        # busy from here (or since the grammar's compile): close them on every path
+        streams = [loaded.dispatcher.stream(prepared, c.params, c, release=release if i == 0 else None)
+                   for i, c in enumerate(choices)]
     if parsed.wants_async:
-        return _submit_task(request, loaded, answer, chunks, prepared_text)
-    first = await anext(chunks)  # admission errors (429, 400) surface before any byte is sent
+        return _submit_task(request, loaded, answer, streams, prepared_text)
+    try:
+        firsts = await _first_chunks(streams)  # admission errors (429, 400) surface before any byte is sent
+    except BaseException:
+        await _close(streams)
+        raise
     if parsed.stream:
+        events = answer.events(firsts, streams, prepared_text)
         try:
-            return await sse(request, answer.events(first, chunks, prepared_text))
+            return await sse(request, events)
         finally:
-            await chunks.aclose()  # a client gone mid-stream: its sequence is cancelled now, not at GC
+            await events.aclose()  # no read of a stream left in flight (several choices read concurrently)
+            await _close(streams)  # a client gone mid-stream: its sequences are cancelled now, not at GC
 
-    async def collect() -> list[Any]:
+    async def collect(first: Any, chunks: AsyncIterator[Any]) -> list[Any]:
         collected = [first]
         async for chunk in chunks:
             collected.append(chunk)
         return collected
 
     try:
-        collected = await until_disconnect(request, collect())
+        collected = await until_disconnect(request, asyncio.gather(
+            *(collect(first, chunks) for first, chunks in zip(firsts, streams))))
     finally:
-        await chunks.aclose()
+        await _close(streams)
     return web.Response(text=dumps(answer.whole(prepared_text, collected)), content_type="application/json")
 
 
+async def _first_chunks(streams: list[Any]) -> list[Any]:
+    """Each stream's first chunk. The first choice's comes first, then the others' together: its prompt
+    is then in the prefix cache, so the other choices prefill only what the cache's blocks leave."""
+    first = await anext(streams[0])
+    if len(streams) == 1:
+        return [first]
+    rest = await asyncio.gather(*(anext(s) for s in streams[1:]), return_exceptions=True)
+    for result in rest:
+        if isinstance(result, BaseException):
+            raise result
+    return [first, *rest]
 
-def _submit_task(request: web.Request, loaded: Any, answer: _Answer, chunks: AsyncIterator[Any],
+
+async def _close(streams: list[Any]) -> None:
+    for chunks in streams:
+        await chunks.aclose()
+
+
+def _submit_task(request: web.Request, loaded: Any, answer: _Answer, streams: list[Any],
                  prompt_text: str) -> web.Response:
+    async def collect(chunks: AsyncIterator[Any]) -> list[Any]:
+        return [chunk async for chunk in chunks]
+
     async def work() -> EncodedResponse:
-        collected = [chunk async for chunk in chunks]
-        return EncodedResponse(dumps(answer.whole(prompt_text, collected)).encode())
+        try:
+            collected = await asyncio.gather(*(collect(chunks) for chunks in streams))
+        finally:
+            await _close(streams)
+        return EncodedResponse(dumps(answer.whole(prompt_text, list(collected))).encode())
 
     task = state_of(request).tasks.submit(loaded.name, str(loaded.version), work)
     return web.Response(status=202, text=dumps(task.to_dict()), content_type="application/json",

@@ -114,6 +114,21 @@ def test_cloud_streams_pass_through_chunk_by_chunk(edge: LiveServer) -> None:
     assert chunks[-1].usage.completion_tokens == expected.usage.completion_tokens
 
 
+def test_n_choices_go_to_the_cloud_peer_one_seeded_choice_at_a_time(edge: LiveServer, peer: ServerProcess) -> None:
+    """Each choice is forwarded as a request of its own (``n`` 1, ``seed + index``): the peer, asked
+    directly for those, gives the same texts; the local model gives them too (same weights)."""
+    kwargs = dict(messages=LONG, max_tokens=10, temperature=1.0)
+    direct = [_client(peer, TOKEN).chat.completions.create(model="chat", seed=11 + i, **kwargs).choices[0]
+              for i in range(2)]
+    calls = _metric(edge, 'edge_runtime_cloud_calls_total{model="always",outcome="ok"}')
+    routed = _client(edge).chat.completions.create(model="always", seed=11, n=2, **kwargs)
+    assert _metric(edge, 'edge_runtime_cloud_calls_total{model="always",outcome="ok"}') == calls + 2
+    assert [c.message.content for c in routed.choices] == [d.message.content for d in direct]
+    local = _client(edge).chat.completions.create(model="local", seed=11, n=2, **kwargs)
+    assert [c.message.content for c in local.choices] == [d.message.content for d in direct]
+    assert len({d.message.content for d in direct}) == 2
+
+
 def test_a_cloud_failure_before_the_first_token_falls_back_to_local(edge: LiveServer) -> None:
     client = _client(edge)
     expected = client.chat.completions.create(model="local", messages=LONG, max_tokens=10, temperature=0)

@@ -150,3 +150,21 @@ def test_a_genai_folder_the_engine_cannot_run_stays_onnxruntime_genai_s(genai_fo
     assert read_genai_decoder(vision) == (None, "it has parts besides the decoder (vision)")
     with pytest.raises(ConfigError, match="genai_runtime must be 'engine' or 'onnxruntime-genai', got 'genai'"):
         GenerationSettings(genai_runtime="genai")
+
+
+def test_n_choices_on_a_folder_genai_runs_are_a_400(genai_folder: Path,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    import openai
+
+    from generation_fixtures import base_url, served_repository
+
+    root = tmp_path_factory.mktemp("genai-repository")
+    shutil.copytree(genai_folder, root / "genai" / "1")
+    (root / "genai" / "config.toml").write_text('[generation]\ngenai_runtime = "onnxruntime-genai"\n')
+    with served_repository(root, tmp_path_factory.mktemp("cache")) as live:
+        client = openai.OpenAI(base_url=base_url(live) + "/v1", api_key="unused", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "open the settings menu"}]
+        with pytest.raises(openai.BadRequestError, match="'n' must be 1 for genai: onnxruntime-genai runs it"):
+            client.chat.completions.create(model="genai", messages=messages, max_tokens=4, n=2)
+        one = client.chat.completions.create(model="genai", messages=messages, max_tokens=4, n=1)
+        assert len(one.choices) == 1 and one.usage.completion_tokens >= 1

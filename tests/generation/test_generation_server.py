@@ -124,7 +124,8 @@ def test_openai_shaped_errors(client: Any) -> None:
         (openai.NotFoundError, dict(model="nope", messages=MESSAGES), "unknown model"),
         (openai.BadRequestError, dict(model="chat", messages=[{"role": "robot", "content": "x"}]), "role"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, temperature=5), "temperature"),
-        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=2), "'n'"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=0), "'n' must be an integer from 1 to 128"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=129), "'n' must be an integer from 1 to 128"),
         (openai.BadRequestError, dict(model="mlp", messages=MESSAGES), "tensor model"),
         (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": "tap " * 300}]),
          "context is 256 tokens"),
@@ -153,6 +154,85 @@ async def _post(server: LiveServer, path: str, body: Any, **kwargs: Any) -> tupl
     async with aiohttp.ClientSession() as session:
         async with session.post(base_url(server) + path, json=body, **kwargs) as response:
             return response.status, await response.text(), dict(response.headers)
+
+
+def test_n_choices_equal_each_seeded_choice_alone(server: LiveServer, client: Any) -> None:
+    """``n`` choices are ``n`` sequences; with a seed, choice ``i`` samples as a request of its own with
+    ``seed + i`` (the embedded API, one request at a time, is the oracle), whole, streamed and as a task."""
+    import urllib.request
+
+    model = local_model(server)
+    alone = [model.generate(messages=MESSAGES, max_tokens=16, temperature=1.0, seed=7 + i) for i in range(3)]
+    texts = [a.text for a in alone]
+    assert len(set(texts)) > 1  # seeded differently, so the check below can tell the choices apart
+    whole = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=16, temperature=1.0,
+                                           seed=7, n=3)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert [c.message.content for c in whole.choices] == texts
+    assert [c.finish_reason for c in whole.choices] == [a.finish_reason for a in alone]
+    assert whole.usage.prompt_tokens == alone[0].usage.prompt_tokens  # the prompt counted once
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+    stream = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=16, temperature=1.0,
+                                            seed=7, n=3, stream=True, stream_options={"include_usage": True})
+    pieces: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    roles, reasons = [], {}
+    chunks = list(stream)
+    for chunk in chunks:
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.append(choice.index)
+            pieces[choice.index].append(choice.delta.content or "")
+            if choice.finish_reason:
+                reasons[choice.index] = choice.finish_reason
+    assert sorted(roles) == [0, 1, 2] and ["".join(pieces[i]) for i in range(3)] == texts
+    assert reasons == {i: a.finish_reason for i, a in enumerate(alone)}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    completions = client.completions.create(model="chat", prompt="the agent reads", max_tokens=8, temperature=1.0,
+                                            seed=3, n=2, echo=True)
+    assert [c.text for c in completions.choices] == [
+        "the agent reads" + model.generate("the agent reads", max_tokens=8, temperature=1.0, seed=3 + i).text
+        for i in range(2)]
+
+    status, text, headers = asyncio.run(_post(server, "/v1/chat/completions", {
+        "model": "chat", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0, "seed": 7, "n": 3,
+        "async": True}))
+    assert status == 202
+    for _ in range(600):
+        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
+            task = json.loads(response.read())
+        if task["status"] != "pending":
+            break
+        time.sleep(0.05)
+    assert [c["message"]["content"] for c in task["response"]["choices"]] == texts
+
+
+def test_the_other_choices_read_the_first_choice_s_prompt_from_the_prefix_cache(server: LiveServer,
+                                                                                 client: Any) -> None:
+    import urllib.request
+
+    def saved() -> float:
+        with urllib.request.urlopen(base_url(server) + "/metrics") as response:
+            lines = response.read().decode().splitlines()
+        found = [line for line in lines if line.startswith('edge_runtime_prefix_cache_saved_tokens_total{model="chat"}')]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    def fresh(word: str) -> list[dict[str, str]]:  # a prompt no earlier request had
+        return [{"role": "system", "content": f"You are a phone agent; {word} the screen, then swipe left."},
+                MESSAGES[1]]
+
+    before = saved()
+    client.chat.completions.create(model="chat", messages=fresh("scan"), max_tokens=2, temperature=0)
+    assert saved() == before  # a new prompt alone: nothing from the cache
+    client.chat.completions.create(model="chat", messages=fresh("read"), max_tokens=2, temperature=0, n=3)
+    assert saved() > before  # choices 1 and 2 found choice 0's prompt
+
+
+def test_greedy_n_choices_are_the_same_answer(client: Any) -> None:
+    whole = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=12, temperature=0, n=2)
+    one = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=12, temperature=0)
+    assert [c.message.content for c in whole.choices] == [one.choices[0].message.content] * 2
 
 
 def test_triton_generate_and_generate_stream(server: LiveServer) -> None:
@@ -198,7 +278,8 @@ def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> Non
     assert task["response"]["text_output"] == local_model(server).generate("the agent taps", max_tokens=6).text
 
 
-def test_disconnect_cancels_the_sequence(server: LiveServer) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+def test_disconnect_cancels_the_sequence(server: LiveServer, n: int) -> None:
     import aiohttp
 
     model = local_model(server)
@@ -208,7 +289,7 @@ def test_disconnect_cancels_the_sequence(server: LiveServer) -> None:
         async with aiohttp.ClientSession() as session:
             async with session.post(base_url(server) + "/v1/completions", json={
                     "model": "chat", "prompt": "tap", "max_tokens": 240, "ignore_eos": True, "stream": True,
-                    "temperature": 0}) as response:
+                    "temperature": 0, "n": n}) as response:
                 await response.content.readline()  # the stream started: leave mid-way
 
     asyncio.run(hang_up())
@@ -216,8 +297,8 @@ def test_disconnect_cancels_the_sequence(server: LiveServer) -> None:
         if model.batcher.pending == 0:
             break
         time.sleep(0.025)
-    assert model.batcher.pending == 0
-    assert model.batcher.stats().tokens_generated - before < 240
+    assert model.batcher.pending == 0  # every choice's sequence left
+    assert model.batcher.stats().tokens_generated - before < 240  # all n together: well short of one full answer
 
 
 def test_metrics_report_prefix_cache_hits(server: LiveServer, client: Any) -> None:

@@ -349,6 +349,19 @@ def test_grammars_compile_once_and_cloud_bodies_keep_the_fields(server: LiveServ
         k: body[k] for k in ("tools", "parallel_tool_calls", "response_format", "structured_outputs")}
 
 
+def test_n_constrained_choices_each_follow_the_schema(server: LiveServer, client: Any) -> None:
+    """Each choice has its own matcher: both sampled answers validate, and each equals its seed alone."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "action", "schema": ACTION_SCHEMA}}
+    answer = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=120, temperature=1.0,
+                                            seed=21, n=2, response_format=fmt)
+    model = local(server)
+    alone = [model.generate(messages=MESSAGES, max_tokens=120, temperature=1.0, seed=21 + i, response_format=fmt).text
+             for i in range(2)]
+    assert [c.message.content for c in answer.choices] == alone and alone[0] != alone[1]
+    for text in alone:
+        jsonschema.validate(json.loads(text), ACTION_SCHEMA)
+
+
 def test_a_new_grammar_compiles_off_the_event_loop(server: LiveServer, client: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """While a new schema compiles (held here until the check is done), the server still answers

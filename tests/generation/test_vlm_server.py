@@ -202,6 +202,29 @@ def test_metrics_count_the_image_work(server: LiveServer) -> None:
     assert again[misses] == after[misses]
 
 
+def test_n_choices_of_a_screenshot_prepare_it_once(server: LiveServer) -> None:
+    """Two seeded choices of one screenshot step: the image is decoded and encoded once for both, and
+    each choice equals a request of its own with its seed (``seed + index``)."""
+    def images() -> tuple[float, float]:
+        with urllib.request.urlopen(base_url(server) + "/metrics") as response:
+            lines = response.read().decode().splitlines()
+        value = {line.split("{")[0]: float(line.split()[-1]) for line in lines
+                 if line.startswith(("edge_runtime_images_total{", "edge_runtime_image_feature_cache_misses_total{"))
+                 and '{model="agent"}' in line}
+        return value.get("edge_runtime_images_total", 0), value.get("edge_runtime_image_feature_cache_misses_total", 0)
+
+    messages = _messages(_url(_png(9)), "Which button opens the settings?")
+    before = images()
+    whole = _client(base_url(server)).chat.completions.create(model="agent", messages=messages, max_tokens=10,
+                                                              temperature=1.0, seed=5, n=2)
+    after = images()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)  # one image read, one encoder run
+    alone = [_model(server).generate(messages=messages, max_tokens=10, temperature=1.0, seed=5 + i) for i in range(2)]
+    assert [c.message.content for c in whole.choices] == [a.text for a in alone]
+    assert whole.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+
 def test_bad_images_get_named_400s_and_the_model_keeps_answering(server: LiveServer) -> None:
     import openai
 
