@@ -159,8 +159,6 @@ async def _post(server: LiveServer, path: str, body: Any, **kwargs: Any) -> tupl
 def test_n_choices_equal_each_seeded_choice_alone(server: LiveServer, client: Any) -> None:
     """``n`` choices are ``n`` sequences; with a seed, choice ``i`` samples as a request of its own with
     ``seed + i`` (the embedded API, one request at a time, is the oracle), whole, streamed and as a task."""
-    import urllib.request
-
     model = local_model(server)
     alone = [model.generate(messages=MESSAGES, max_tokens=16, temperature=1.0, seed=7 + i) for i in range(3)]
     texts = [a.text for a in alone]
@@ -199,12 +197,7 @@ def test_n_choices_equal_each_seeded_choice_alone(server: LiveServer, client: An
         "model": "chat", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0, "seed": 7, "n": 3,
         "async": True}))
     assert status == 202
-    for _ in range(600):
-        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
-            task = json.loads(response.read())
-        if task["status"] != "pending":
-            break
-        time.sleep(0.05)
+    task = _finished_task(server, headers["Location"])
     assert [c["message"]["content"] for c in task["response"]["choices"]] == texts
 
 
@@ -235,6 +228,19 @@ def test_greedy_n_choices_are_the_same_answer(client: Any) -> None:
     assert [c.message.content for c in whole.choices] == [one.choices[0].message.content] * 2
 
 
+def _finished_task(server: LiveServer, location: str) -> dict[str, Any]:
+    """The task at ``location`` once it is no longer pending (polled for up to 30 s)."""
+    import urllib.request
+
+    for _ in range(600):
+        with urllib.request.urlopen(base_url(server) + location) as response:
+            task = json.loads(response.read())
+        if task["status"] != "pending":
+            break
+        time.sleep(0.05)
+    return task
+
+
 def test_triton_generate_and_generate_stream(server: LiveServer) -> None:
     expected = local_model(server).generate("the agent taps", max_tokens=12).text
     status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate",
@@ -251,30 +257,18 @@ def test_triton_generate_and_generate_stream(server: LiveServer) -> None:
 
 
 def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> None:
-    import urllib.request
-
     expected = local_model(server).generate(messages=MESSAGES, max_tokens=10).text
     status, text, headers = asyncio.run(_post(server, "/v1/chat/completions", {
         "model": "chat", "messages": MESSAGES, "max_tokens": 10, "temperature": 0, "async": True}))
     assert status == 202
     task = json.loads(text)
-    for _ in range(600):
-        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
-            task = json.loads(response.read())
-        if task["status"] != "pending":
-            break
-        time.sleep(0.05)
+    task = _finished_task(server, headers["Location"])
     assert task["status"] == "succeeded", task
     assert task["response"]["choices"][0]["message"]["content"] == expected
     status, text, headers = asyncio.run(_post(server, "/v2/models/chat/generate", {
         "text_input": "the agent taps", "parameters": {"max_tokens": 6, "temperature": 0, "async": True}}))
     assert status == 202
-    for _ in range(600):
-        with urllib.request.urlopen(base_url(server) + headers["Location"]) as response:
-            task = json.loads(response.read())
-        if task["status"] != "pending":
-            break
-        time.sleep(0.05)
+    task = _finished_task(server, headers["Location"])
     assert task["response"]["text_output"] == local_model(server).generate("the agent taps", max_tokens=6).text
 
 
