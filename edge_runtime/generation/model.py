@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Sequenc
 
 from edge_runtime.errors import InvalidInputError
 from edge_runtime.generation.prepared import PreparedPrompt, PromptEstimate, RequestTimings, request_timings
-from edge_runtime.generation.sampling import SamplingParams, TokenChoice
+from edge_runtime.generation.sampling import SamplingParams, TokenChoice, logit_bias_of
 from edge_runtime.generation.sequence import Chunk, Usage
 from edge_runtime.generation.settings import GenerationSettings
 from edge_runtime.generation.structured import STRUCTURED_FIELDS
@@ -118,6 +118,8 @@ def sampling_params(**kwargs: Any) -> SamplingParams:
         kwargs["stop"] = tuple(stop)
     elif stop is None:
         kwargs.pop("stop", None)
+    if "logit_bias" in kwargs:
+        kwargs["logit_bias"] = logit_bias_of(kwargs["logit_bias"])
     return SamplingParams(**kwargs)
 
 
@@ -325,6 +327,10 @@ class GenerativeModel:
 
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:
         """Queue one request; ``sink(chunk)`` is called on the batcher thread. Returns a handle for ``cancel``."""
+        outside = [token for token, _ in params.logit_bias if token >= self.folder.vocab_size]
+        if outside:
+            raise InvalidInputError(f"'logit_bias' token id {outside[0]} is outside the vocabulary "
+                                    f"(ids 0 to {self.folder.vocab_size - 1})")
         if prepared.inputs is not None or prepared.cache_key is not None:
             return self.batcher.submit(prepared.ids, params, sink, inputs=prepared.inputs,
                                        cache_key=prepared.cache_key)

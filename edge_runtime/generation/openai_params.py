@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.generation.sampling import SamplingParams
+from edge_runtime.generation.sampling import SamplingParams, logit_bias_of
 from edge_runtime.generation.structured import Structured, parse_structured
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
@@ -105,7 +105,10 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           top_p=_number(body, "top_p", 1.0), seed=seed, stop=stop,
                           presence_penalty=_number(body, "presence_penalty", 0.0),
                           frequency_penalty=_number(body, "frequency_penalty", 0.0), logprobs=logprobs,
-                          top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"))
+                          top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"),
+                          # top_k and min_p: vLLM's (the openai client sends them in extra_body)
+                          logit_bias=logit_bias_of(body.get("logit_bias")),
+                          top_k=0 if body.get("top_k") is None else body["top_k"], min_p=_number(body, "min_p", 0.0))
 
 
 def _choices(body: Mapping[str, Any]) -> int:

@@ -1,17 +1,23 @@
-"""Token choice with OpenAI's parameters: greedy, temperature, top-p, seed, penalties, logprobs.
+"""Token choice with OpenAI's parameters: greedy, temperature, top-p, seed, penalties, logit bias,
+logprobs; and vLLM's ``top_k`` and ``min_p``.
 
 ``SamplingParams`` validates once (InvalidInputError names the parameter, the
 allowed range and the value); ``Sampler`` holds one sequence's random stream
 and token counts. Penalties follow OpenAI's definition: every logit drops by
 ``frequency_penalty * count + presence_penalty * (count > 0)``, counting the
-tokens generated so far. ``temperature == 0`` is greedy (argmax; ties go to
-the lowest id, as ``numpy.argmax`` and ``torch.argmax`` agree).
+tokens generated so far; ``logit_bias`` adds its value to its token's logit
+before anything else (OpenAI: -100 bans a token, 100 all but forces it).
+``temperature == 0`` is greedy (argmax; ties go to the lowest id, as
+``numpy.argmax`` and ``torch.argmax`` agree). Sampling keeps the tokens whose
+probability is at least ``min_p`` times the best one's, then the ``top_k``
+most likely, then the smallest set whose probability reaches ``top_p``, in
+vLLM's order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -20,6 +26,7 @@ from edge_runtime.generation.constraints import GrammarSpec
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries per request
 
 
 def _check_range(name: str, value: Any, low: float, high: float) -> float:
@@ -41,6 +48,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    top_k: int = 0  # 0 or -1: every token
+    min_p: float = 0.0
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (a guided answer still ends when complete)
     guide: GrammarSpec | None = None  # what the answer must match (None: free text)
 
@@ -65,12 +75,41 @@ class SamplingParams:
                                     f"got {self.top_logprobs!r}")
         if self.guide is not None and not isinstance(self.guide, GrammarSpec):
             raise InvalidInputError(f"'guide' must be a GrammarSpec, got {type(self.guide).__name__}")
+        if (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)) or self.top_k < -1:
+            raise InvalidInputError(f"'top_k' must be an integer >= 1, or 0 or -1 for every token, got {self.top_k!r}")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        if not isinstance(self.logit_bias, tuple) or len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidInputError(f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases")
+        for entry in self.logit_bias:
+            token, bias = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise InvalidInputError(f"'logit_bias' keys must be token ids (integers >= 0), got {entry!r}")
+            _check_range(f"logit_bias[{token}]", bias, -100.0, 100.0)
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("'top_logprobs' needs 'logprobs': true")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def logit_bias_of(value: Any, name: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as ``SamplingParams`` keeps it, from OpenAI's JSON object (token ids as strings)
+    or a mapping of ints; InvalidInputError for a key that is not a token id."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"'{name}' must be an object mapping token ids to biases, got {value!r}"[:300])
+    entries = []
+    for key, bias in value.items():
+        try:
+            token = int(key) if not isinstance(key, bool) else None
+        except (TypeError, ValueError):
+            token = None
+        if token is None or str(key).strip() != str(token):
+            raise InvalidInputError(f"'{name}' keys must be token ids, got {key!r}"[:300])
+        entries.append((token, bias))
+    return tuple(sorted(entries))
 
 
 @dataclass(frozen=True)
@@ -98,7 +137,7 @@ class Sampler:
 
     def choose(self, logits: np.ndarray) -> TokenChoice:
         p = self.params
-        if p.greedy and not p.logprobs and not (p.presence_penalty or p.frequency_penalty):
+        if p.greedy and not p.logprobs and not (p.presence_penalty or p.frequency_penalty or p.logit_bias):
             # Greedy without penalties, every token: argmax over the logits as they come (float32),
             # without the float64 copy the arithmetic below needs. Same token: widening is exact.
             # (Agents that send frequency_penalty take the path below.)
@@ -106,6 +145,10 @@ class Sampler:
             self.counts[token] = self.counts.get(token, 0) + 1
             return TokenChoice(token)
         logits = np.asarray(logits, dtype=np.float64)
+        if p.logit_bias:
+            logits = logits.copy()
+            for token, bias in p.logit_bias:
+                logits[token] += bias
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = np.fromiter(self.counts, dtype=np.int64)
             counts = np.fromiter(self.counts.values(), dtype=np.float64)
@@ -128,6 +171,15 @@ class Sampler:
     def _sample(self, scaled: np.ndarray) -> int:
         probs = np.exp(scaled - scaled.max())
         probs /= probs.sum()
+        p = self.params
+        if p.min_p > 0.0 or p.top_k > 0:
+            kept = probs >= p.min_p * probs.max()
+            if 0 < p.top_k < int(kept.sum()):
+                # the k most likely (ties at the k-th place by lower id, as the stable sort orders them)
+                kept = np.zeros_like(kept)
+                kept[np.argsort(-probs, kind="stable")[:p.top_k]] = True
+            probs = np.where(kept, probs, 0.0)
+            probs /= probs.sum()
         if self.params.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
             cumulative = np.cumsum(probs[order])

@@ -130,24 +130,62 @@ def test_sampling_is_reproducible_with_a_seed_and_honours_stop(qwen_folder: Path
     assert len(set(penalised.token_ids)) >= len(set(greedy.token_ids))
 
 
-def test_logprobs_are_the_log_softmax_of_the_oracle_logits(qwen_folder: Path, model_factory) -> None:
+def _oracle_next_logits(model, prompt: str):
+    """The logits of the token after ``prompt``: the export run once by ONNX Runtime, no cache."""
     import numpy as np
     import onnxruntime as ort
 
-    model = model_factory(qwen_folder)
-    result = model.generate(PROMPTS[0], max_tokens=3, logprobs=True, top_logprobs=3)
-    ids = model.prepare(PROMPTS[0]).ids
+    ids = model.prepare(prompt).ids
     session = ort.InferenceSession(str(model.folder.model_path), providers=["CPUExecutionProvider"])
     feeds = {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
              "position_ids": np.arange(len(ids))[None]}
     layout = model.folder.kv
     feeds.update({f"past_key_values.{i}.{k}": np.zeros((1, layout.kv_heads, 0, layout.head_dim), np.float32)
                   for i in range(layout.layers) for k in ("key", "value")})
-    logits = session.run(["logits"], feeds)[0][0, -1].astype(np.float64)
+    return session.run(["logits"], feeds)[0][0, -1].astype(np.float64)
+
+
+def test_logprobs_are_the_log_softmax_of_the_oracle_logits(qwen_folder: Path, model_factory) -> None:
+    import numpy as np
+
+    model = model_factory(qwen_folder)
+    result = model.generate(PROMPTS[0], max_tokens=3, logprobs=True, top_logprobs=3)
+    logits = _oracle_next_logits(model, PROMPTS[0])
     expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
     first = result.logprobs[0]
     assert first.logprob == pytest.approx(expected[first.token], abs=1e-4)
     assert [t for t, _ in first.top] == list(np.argsort(-expected)[:3])
+
+
+def test_logit_bias_top_k_and_min_p_act_on_the_oracle_logits(qwen_folder: Path, model_factory) -> None:
+    """The first token under each setting, read against the export's own next-token logits."""
+    import numpy as np
+
+    from edge_runtime.errors import InvalidInputError
+
+    model = model_factory(qwen_folder)
+    logits = _oracle_next_logits(model, PROMPTS[1])
+    order = [int(t) for t in np.argsort(-logits, kind="stable")]
+
+    def first(**params) -> int:
+        return model.generate(PROMPTS[1], max_tokens=1, **params).token_ids[0]
+
+    assert first() == order[0]
+    assert first(logit_bias={order[0]: -100}) == order[1]  # the best banned: greedy takes the second
+    assert first(logit_bias={order[-1]: 100}) == order[-1]  # the worst forced
+    assert first(logit_bias={order[0]: -100}, logprobs=True) == order[1]  # the float64 path agrees
+    assert {first(temperature=1.0, top_k=1, seed=seed) for seed in range(8)} == {order[0]}
+    probs = np.exp((logits - logits.max()) / 2.0)  # at temperature 2
+    ratio = probs[order[1]] / probs[order[0]]  # the second's probability relative to the best's
+    assert {first(temperature=2.0, min_p=(1 + ratio) / 2, seed=seed) for seed in range(8)} == {order[0]}
+    drawn = {first(temperature=2.0, top_k=3, seed=seed) for seed in range(40)}
+    assert drawn <= set(order[:3]) and len(drawn) > 1
+    drawn = {first(temperature=2.0, min_p=ratio * 0.999, top_k=2, seed=seed) for seed in range(40)}
+    assert drawn == set(order[:2])
+    with pytest.raises(InvalidInputError, match="'logit_bias' token id .* is outside the vocabulary"):
+        first(logit_bias={model.folder.vocab_size: 5})
+    with pytest.raises(InvalidInputError, match=r"'logit_bias\[3\]' must be a number in \[-100, 100\]"):
+        first(logit_bias={3: 101})
 
 
 def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_folder: Path, model_factory) -> None:

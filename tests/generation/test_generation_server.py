@@ -117,6 +117,23 @@ def test_chat_logprobs_match_the_model(server: LiveServer, client: Any) -> None:
     assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)  # greedy took the best
 
 
+def test_logit_bias_over_http_forces_and_bans_tokens(server: LiveServer, client: Any) -> None:
+    """OpenAI's JSON keys are strings: the same biases through the embedded API (int keys) are the oracle."""
+    model = local_model(server)
+    greedy = model.generate(messages=MESSAGES, max_tokens=4)
+    forced_alone = model.generate(messages=MESSAGES, max_tokens=4, logit_bias={101: 100})
+    assert set(forced_alone.token_ids) == {101}
+    forced = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4, temperature=0,
+                                            logit_bias={"101": 100})
+    assert forced.choices[0].message.content == forced_alone.text
+    ban = set(greedy.token_ids)
+    banned_alone = model.generate(messages=MESSAGES, max_tokens=4, logit_bias={t: -100 for t in ban})
+    assert not set(banned_alone.token_ids) & ban
+    banned = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=4, temperature=0,
+                                            logit_bias={str(t): -100 for t in ban})
+    assert banned.choices[0].message.content == banned_alone.text != greedy.text
+
+
 def test_openai_shaped_errors(client: Any) -> None:
     import openai
 
@@ -126,6 +143,15 @@ def test_openai_shaped_errors(client: Any) -> None:
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, temperature=5), "temperature"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=0), "'n' must be an integer from 1 to 128"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=129), "'n' must be an integer from 1 to 128"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, logit_bias={"tap": 1}),
+         "'logit_bias' keys must be token ids, got 'tap'"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, logit_bias={"7": 101}),
+         "'logit_bias[7]' must be a number in [-100, 100], got 101"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, logit_bias={"99999999": 1}),
+         "'logit_bias' token id 99999999 is outside the vocabulary"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"top_k": -2}), "'top_k' must be"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"min_p": 2}),
+         "'min_p' must be a number in [0, 1], got 2"),
         (openai.BadRequestError, dict(model="mlp", messages=MESSAGES), "tensor model"),
         (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": "tap " * 300}]),
          "context is 256 tokens"),
