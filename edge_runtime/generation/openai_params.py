@@ -106,9 +106,10 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           presence_penalty=_number(body, "presence_penalty", 0.0),
                           frequency_penalty=_number(body, "frequency_penalty", 0.0), logprobs=logprobs,
                           top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"),
-                          # top_k and min_p: vLLM's (the openai client sends them in extra_body)
+                          # top_k, min_p, repetition_penalty: vLLM's (the openai client sends them in extra_body)
                           logit_bias=logit_bias_of(body.get("logit_bias")),
-                          top_k=0 if body.get("top_k") is None else body["top_k"], min_p=_number(body, "min_p", 0.0))
+                          top_k=0 if body.get("top_k") is None else body["top_k"], min_p=_number(body, "min_p", 0.0),
+                          repetition_penalty=_number(body, "repetition_penalty", 1.0))
 
 
 def _choices(body: Mapping[str, Any]) -> int:

@@ -1,5 +1,5 @@
 """Token choice with OpenAI's parameters: greedy, temperature, top-p, seed, penalties, logit bias,
-logprobs; and vLLM's ``top_k`` and ``min_p``.
+logprobs; and vLLM's ``top_k``, ``min_p`` and ``repetition_penalty``.
 
 ``SamplingParams`` validates once (InvalidInputError names the parameter, the
 allowed range and the value); ``Sampler`` holds one sequence's random stream
@@ -7,6 +7,10 @@ and token counts. Penalties follow OpenAI's definition: every logit drops by
 ``frequency_penalty * count + presence_penalty * (count > 0)``, counting the
 tokens generated so far; ``logit_bias`` adds its value to its token's logit
 before anything else (OpenAI: -100 bans a token, 100 all but forces it).
+``repetition_penalty`` (vLLM's and transformers' CTRL-style penalty, applied
+after the bias and before the OpenAI penalties, as vLLM does) divides the
+positive logits and multiplies the negative ones of every token seen in the
+prompt or the answer.
 ``temperature == 0`` is greedy (argmax; ties go to the lowest id, as
 ``numpy.argmax`` and ``torch.argmax`` agree). Sampling keeps the tokens whose
 probability is at least ``min_p`` times the best one's, then the ``top_k``
@@ -51,6 +55,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     top_k: int = 0  # 0 or -1: every token
     min_p: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (a guided answer still ends when complete)
     guide: GrammarSpec | None = None  # what the answer must match (None: free text)
 
@@ -78,6 +83,8 @@ class SamplingParams:
         if (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)) or self.top_k < -1:
             raise InvalidInputError(f"'top_k' must be an integer >= 1, or 0 or -1 for every token, got {self.top_k!r}")
         _check_range("min_p", self.min_p, 0.0, 1.0)
+        if _check_range("repetition_penalty", self.repetition_penalty, 0.0, 2.0) <= 0.0:
+            raise InvalidInputError(f"'repetition_penalty' must be in (0, 2], got {self.repetition_penalty!r}")
         if not isinstance(self.logit_bias, tuple) or len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise InvalidInputError(f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases")
         for entry in self.logit_bias:
@@ -129,15 +136,20 @@ class Sampler:
     """One sequence's sampler: call ``choose`` with the last position's logits [vocab]."""
 
     params: SamplingParams
+    prompt: Any = ()  # the prompt's token ids (read by repetition_penalty only)
     rng: np.random.Generator = field(init=False)
     counts: dict[int, int] = field(default_factory=dict)
+    _prompt_ids: np.ndarray | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.params.seed)
+        if self.params.repetition_penalty != 1.0:
+            self._prompt_ids = np.unique(np.asarray(list(self.prompt), dtype=np.int64))
 
     def choose(self, logits: np.ndarray) -> TokenChoice:
         p = self.params
-        if p.greedy and not p.logprobs and not (p.presence_penalty or p.frequency_penalty or p.logit_bias):
+        if p.greedy and not p.logprobs and not (p.presence_penalty or p.frequency_penalty or p.logit_bias
+                                                or p.repetition_penalty != 1.0):
             # Greedy without penalties, every token: argmax over the logits as they come (float32),
             # without the float64 copy the arithmetic below needs. Same token: widening is exact.
             # (Agents that send frequency_penalty take the path below.)
@@ -149,6 +161,12 @@ class Sampler:
             logits = logits.copy()
             for token, bias in p.logit_bias:
                 logits[token] += bias
+        if self._prompt_ids is not None:
+            seen = np.union1d(self._prompt_ids, np.fromiter(self.counts, dtype=np.int64))
+            seen = seen[seen < logits.shape[0]]
+            logits = logits.copy()
+            picked = logits[seen]
+            logits[seen] = np.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = np.fromiter(self.counts, dtype=np.int64)
             counts = np.fromiter(self.counts.values(), dtype=np.float64)

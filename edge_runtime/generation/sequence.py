@@ -114,7 +114,7 @@ class Sequence:
         return self.cache_key if self.cache_key is not None else self.prompt
 
     def __post_init__(self) -> None:
-        self.sampler = Sampler(self.params)
+        self.sampler = Sampler(self.params, self.prompt)
         self.detokenizer = IncrementalDetokenizer(self.decode)
         self.stops = StopMatcher(self.params.stop)
         # Decode position minus cache index: an M-RoPE prompt's rope_delta (0 for text). Kept apart

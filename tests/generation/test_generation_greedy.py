@@ -32,18 +32,22 @@ def test_greedy_equals_transformers_generate(onnx_folder: Path, hf_model_folder:
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_model_folder).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_model_folder)
     model = model_factory(onnx_folder)
-    for messages in (MESSAGES, [{"role": "user", "content": "tap ok"}]):
+    answers = {}
+    # repetition_penalty: transformers' own logits processor is the oracle of vLLM's parameter
+    for messages, penalty in ((MESSAGES, 1.0), ([{"role": "user", "content": "tap ok"}], 1.0), (MESSAGES, 1.5), (MESSAGES, 0.5)):
         ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
         assert model.prepare(messages=messages).ids == ids  # our template rendering = transformers'
         with torch.no_grad():
             out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=20, do_sample=False, pad_token_id=hf_tokenizer.pad_token_id
-                              or hf.generation_config.eos_token_id[0])
+                              max_new_tokens=20, do_sample=False, repetition_penalty=penalty,
+                              pad_token_id=hf_tokenizer.pad_token_id or hf.generation_config.eos_token_id[0])
         expected = out[0, len(ids):].tolist()
-        result = model.generate(messages=messages, max_tokens=20)
+        result = model.generate(messages=messages, max_tokens=20, repetition_penalty=penalty)
         assert list(result.token_ids) == expected
         assert result.text == hf_tokenizer.decode(expected, skip_special_tokens=True)
+        answers[len(answers)] = expected
+    assert answers[3] != answers[0]  # the penalty changed the answer: the check above could tell
     prompt = "the agent taps the button"
     assert model.prepare(prompt).ids == hf_tokenizer(prompt)["input_ids"]
 

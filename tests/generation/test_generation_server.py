@@ -152,6 +152,8 @@ def test_openai_shaped_errors(client: Any) -> None:
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"top_k": -2}), "'top_k' must be"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"min_p": 2}),
          "'min_p' must be a number in [0, 1], got 2"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"repetition_penalty": 0}),
+         "'repetition_penalty' must be in (0, 2], got 0"),
         (openai.BadRequestError, dict(model="mlp", messages=MESSAGES), "tensor model"),
         (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": "tap " * 300}]),
          "context is 256 tokens"),
