@@ -120,6 +120,8 @@ def sampling_params(**kwargs: Any) -> SamplingParams:
         kwargs.pop("stop", None)
     if "logit_bias" in kwargs:
         kwargs["logit_bias"] = logit_bias_of(kwargs["logit_bias"])
+    if isinstance(kwargs.get("stop_token_ids"), list):
+        kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
     return SamplingParams(**kwargs)
 
 
@@ -327,10 +329,12 @@ class GenerativeModel:
 
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:
         """Queue one request; ``sink(chunk)`` is called on the batcher thread. Returns a handle for ``cancel``."""
-        outside = [token for token, _ in params.logit_bias if token >= self.folder.vocab_size]
-        if outside:
-            raise InvalidInputError(f"'logit_bias' token id {outside[0]} is outside the vocabulary "
-                                    f"(ids 0 to {self.folder.vocab_size - 1})")
+        for name, ids in (("logit_bias", [token for token, _ in params.logit_bias]),
+                          ("stop_token_ids", params.stop_token_ids)):
+            outside = [token for token in ids if token >= self.folder.vocab_size]
+            if outside:
+                raise InvalidInputError(f"'{name}' token id {outside[0]} is outside the vocabulary "
+                                        f"(ids 0 to {self.folder.vocab_size - 1})")
         if prepared.inputs is not None or prepared.cache_key is not None:
             return self.batcher.submit(prepared.ids, params, sink, inputs=prepared.inputs,
                                        cache_key=prepared.cache_key)

@@ -106,10 +106,21 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           presence_penalty=_number(body, "presence_penalty", 0.0),
                           frequency_penalty=_number(body, "frequency_penalty", 0.0), logprobs=logprobs,
                           top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"),
-                          # top_k, min_p, repetition_penalty: vLLM's (the openai client sends them in extra_body)
+                          # top_k, min_p, repetition_penalty, min_tokens, stop_token_ids: vLLM's (the openai client sends them in extra_body)
                           logit_bias=logit_bias_of(body.get("logit_bias")),
                           top_k=0 if body.get("top_k") is None else body["top_k"], min_p=_number(body, "min_p", 0.0),
-                          repetition_penalty=_number(body, "repetition_penalty", 1.0))
+                          repetition_penalty=_number(body, "repetition_penalty", 1.0),
+                          min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
+                          stop_token_ids=_token_ids(body, "stop_token_ids"))
+
+
+def _token_ids(body: Mapping[str, Any], key: str) -> tuple[Any, ...]:
+    value = body.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidInputError(f"'{key}' must be a list of token ids, got {value!r}"[:300])
+    return tuple(value)
 
 
 def _choices(body: Mapping[str, Any]) -> int:

@@ -31,6 +31,7 @@ from edge_runtime.generation.constraints import GrammarSpec
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries per request
+MAX_STOP_TOKEN_IDS = 64
 
 
 def _check_range(name: str, value: Any, low: float, high: float) -> float:
@@ -56,6 +57,8 @@ class SamplingParams:
     top_k: int = 0  # 0 or -1: every token
     min_p: float = 0.0
     repetition_penalty: float = 1.0  # 1: off
+    min_tokens: int = 0  # vLLM's: no end (EOS, stop_token_ids, stop strings) before this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: these tokens end the answer (their text kept unless special)
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (a guided answer still ends when complete)
     guide: GrammarSpec | None = None  # what the answer must match (None: free text)
 
@@ -92,6 +95,14 @@ class SamplingParams:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise InvalidInputError(f"'logit_bias' keys must be token ids (integers >= 0), got {entry!r}")
             _check_range(f"logit_bias[{token}]", bias, -100.0, 100.0)
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise InvalidInputError(f"'min_tokens' must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidInputError(f"'min_tokens' ({self.min_tokens}) must not exceed 'max_tokens' ({self.max_tokens})")
+        if not isinstance(self.stop_token_ids, tuple) or len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidInputError(f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids "
+                                    f"(integers >= 0), got {self.stop_token_ids!r}"[:300])
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("'top_logprobs' needs 'logprobs': true")
 

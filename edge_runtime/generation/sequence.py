@@ -115,6 +115,8 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.sampler = Sampler(self.params, self.prompt)
+        # what min_tokens holds back: every token that would end the answer
+        self._ends = np.array(sorted(set(self.eos) | set(self.params.stop_token_ids)), dtype=np.int64)
         self.detokenizer = IncrementalDetokenizer(self.decode)
         self.stops = StopMatcher(self.params.stop)
         # Decode position minus cache index: an M-RoPE prompt's rope_delta (0 for text). Kept apart
@@ -146,6 +148,11 @@ class Sequence:
             except RuntimeError as exc:
                 self.finish("error", exc)
                 return True
+        if len(self.generated) < self.params.min_tokens and self._ends.size:
+            held = np.array(logits, dtype=np.float32)  # a copy: logits may be the engine's buffer
+            held[self._ends[self._ends < held.shape[-1]]] = -np.inf
+            if np.isfinite(held).any():  # a grammar that allows only an end still ends
+                logits = held
         choice = self.sampler.choose(logits)
         if guide is not None:
             guide.consume(choice.token)
@@ -156,7 +163,7 @@ class Sequence:
         if choice.token in self.eos and (not self.params.ignore_eos or guide is not None):
             text = self.detokenizer.flush()
             reason = "stop"
-        elif guide is not None and guide.finished:
+        elif (guide is not None and guide.finished) or choice.token in self.params.stop_token_ids:
             text = self.detokenizer.push(choice.token) + self.detokenizer.flush()
             reason = "stop"
         else:
@@ -164,7 +171,8 @@ class Sequence:
             if len(self.generated) >= self.max_new:
                 text += self.detokenizer.flush()
                 reason = "length"
-        text = self.stops.feed(text)
+        if len(self.generated) > self.params.min_tokens:  # stop strings count from min_tokens on, as in vLLM
+            text = self.stops.feed(text)
         if self.stops.stopped:
             reason = "stop"
         elif reason is not None:

@@ -188,6 +188,36 @@ def test_logit_bias_top_k_and_min_p_act_on_the_oracle_logits(qwen_folder: Path, 
         first(logit_bias={3: 101})
 
 
+def test_stop_token_ids_and_min_tokens_follow_the_greedy_answer(qwen_folder: Path, model_factory) -> None:
+    """vLLM's stop_token_ids end the answer at the first one (its text kept: not a special token);
+    min_tokens holds back every end (that token, stop strings) until that many tokens are out."""
+    from edge_runtime.errors import InvalidInputError
+
+    model = model_factory(qwen_folder)
+    greedy = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True)
+    tokens = list(greedy.token_ids)
+    stop_at = tokens[3]
+    cut = tokens.index(stop_at)
+    stopped = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, stop_token_ids=[stop_at])
+    assert list(stopped.token_ids) == tokens[:cut + 1] and stopped.finish_reason == "stop"
+    assert stopped.text == model.generate(PROMPTS[1], max_tokens=cut + 1, ignore_eos=True).text
+    # held back for 6 tokens: they equal the answer with that token banned, then it may end the answer
+    held = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, stop_token_ids=[stop_at], min_tokens=6)
+    ends = {stop_at, *model.folder.eos_token_ids}  # min_tokens holds back EOS too
+    banned = model.generate(PROMPTS[1], max_tokens=6, ignore_eos=True, logit_bias={t: -100 for t in ends})
+    assert len(held.token_ids) >= 6 and list(held.token_ids[:6]) == list(banned.token_ids)
+    assert stop_at not in held.token_ids[:6]
+    # a stop string at the very start cuts everything; with min_tokens it counts only after them
+    start = greedy.text[:2]
+    assert model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, stop=[start]).text == ""
+    late = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, stop=[start], min_tokens=5)
+    assert len(late.token_ids) >= 5 and late.text.startswith(greedy.text[:2])
+    with pytest.raises(InvalidInputError, match=r"'min_tokens' \(9\) must not exceed 'max_tokens' \(4\)"):
+        model.generate(PROMPTS[1], max_tokens=4, min_tokens=9)
+    with pytest.raises(InvalidInputError, match="'stop_token_ids' token id .* is outside the vocabulary"):
+        model.generate(PROMPTS[1], max_tokens=4, stop_token_ids=[model.folder.vocab_size])
+
+
 def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_folder: Path, model_factory) -> None:
     from edge_runtime.generation.model import sampling_params
 

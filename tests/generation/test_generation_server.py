@@ -134,6 +134,19 @@ def test_logit_bias_over_http_forces_and_bans_tokens(server: LiveServer, client:
     assert banned.choices[0].message.content == banned_alone.text != greedy.text
 
 
+def test_vllm_stop_token_ids_and_min_tokens_over_http_equal_the_embedded_api(server: LiveServer,
+                                                                           client: Any) -> None:
+    model = local_model(server)
+    tokens = list(model.generate(messages=MESSAGES, max_tokens=12, ignore_eos=True).token_ids)
+    for extra in ({"stop_token_ids": [tokens[2]]}, {"stop_token_ids": [tokens[2]], "min_tokens": 5}):
+        alone = model.generate(messages=MESSAGES, max_tokens=12, ignore_eos=True, **extra)
+        answer = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=12, temperature=0,
+                                                extra_body={"ignore_eos": True, **extra})
+        assert answer.choices[0].message.content == alone.text
+        assert answer.usage.completion_tokens == len(alone.token_ids)
+        assert answer.choices[0].finish_reason == alone.finish_reason
+
+
 def test_openai_shaped_errors(client: Any) -> None:
     import openai
 
@@ -154,6 +167,10 @@ def test_openai_shaped_errors(client: Any) -> None:
          "'min_p' must be a number in [0, 1], got 2"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"repetition_penalty": 0}),
          "'repetition_penalty' must be in (0, 2], got 0"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, max_tokens=3, extra_body={"min_tokens": 5}),
+         "'min_tokens' (5) must not exceed 'max_tokens' (3)"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"stop_token_ids": 7}),
+         "'stop_token_ids' must be a list of token ids, got 7"),
         (openai.BadRequestError, dict(model="mlp", messages=MESSAGES), "tensor model"),
         (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": "tap " * 300}]),
          "context is 256 tokens"),
