@@ -250,6 +250,11 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
     choices = [parsed.choice(i) for i in range(parsed.n)]
     if parsed.n > 1 and getattr(loaded.model, "backend", None) == "onnxruntime-genai":
         raise InvalidInputError(f"'n' must be 1 for {parsed.model}: onnxruntime-genai runs it, one sequence at a time")
+    settings = getattr(loaded.model, "settings", None)
+    if settings is not None and parsed.n > settings.max_batch_size + settings.max_queue:
+        # more choices than the model ever holds at once: a 429 would invite retries that cannot succeed
+        raise InvalidInputError(f"'n' ({parsed.n}) is more choices than {parsed.model} can hold at once "
+                                f"(max_batch_size {settings.max_batch_size} + max_queue {settings.max_queue})")
     if parsed.images and not multimodal:
         if not loaded.dispatcher.forwards:  # vLLM's words: agent clients match them to strip images and retry
             raise InvalidInputError(f"{parsed.model} is not a multimodal model")

@@ -156,6 +156,8 @@ def test_openai_shaped_errors(client: Any) -> None:
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, temperature=5), "temperature"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=0), "'n' must be an integer from 1 to 128"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=129), "'n' must be an integer from 1 to 128"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, n=100),
+         "'n' (100) is more choices than chat can hold at once (max_batch_size 8 + max_queue 64)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, logit_bias={"tap": 1}),
          "'logit_bias' keys must be token ids, got 'tap'"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, logit_bias={"7": 101}),
