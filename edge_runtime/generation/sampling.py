@@ -1,5 +1,6 @@
 """Token choice with OpenAI's parameters: greedy, temperature, top-p, seed, penalties, logit bias,
-logprobs; and vLLM's ``top_k``, ``min_p`` and ``repetition_penalty``.
+logprobs; and vLLM's ``top_k``, ``min_p`` and ``repetition_penalty`` (its ``min_tokens`` and
+``stop_token_ids`` are validated here and applied by ``sequence.Sequence``, which decides the end).
 
 ``SamplingParams`` validates once (InvalidInputError names the parameter, the
 allowed range and the value); ``Sampler`` holds one sequence's random stream
