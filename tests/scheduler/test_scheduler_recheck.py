@@ -62,3 +62,22 @@ def test_a_plan_the_operator_fixed_by_name_is_never_rechecked() -> None:
     assert plan_recheck("m", model_config({}), {"gpu": plans["gpu"]}, "gpu") is None, "nothing to compare with"
     assert plan_recheck("m", model_config({}), plans, "gpu") is not None
     assert plan_recheck("m", model_config({"scheduler": {"policy": "cost"}}), plans, "gpu") is not None
+
+
+def test_wake_up_spikes_of_a_rarely_run_candidate_do_not_hide_that_it_is_faster() -> None:
+    """Every other probe of the candidate pays a pool's wake-up (30x its run): the served plan, 3x
+    slower on every run, is still abandoned; a candidate slower on every run still is not chosen."""
+    recheck = PlanRecheck("m", "gpu", ["cpu"])
+    probes = 0
+    for _ in range(PROBE_EVERY * (MIN_SAMPLES + 5)):
+        decision = recheck.override(Decision(recheck.served, "policy"))
+        if decision.plan == "cpu" and recheck.served == "gpu":
+            probes += 1
+            ms = 0.3 if probes % 2 else 9.0
+        else:
+            ms = {"gpu": 0.9, "cpu": 0.3}[decision.plan]
+        recheck.observe(decision.plan, ms, 1, ok=True)
+    assert recheck.abandoned == {("gpu", "slower"): 1} and recheck.served == "cpu"
+    steady = PlanRecheck("m", "gpu", ["cpu"])
+    ran = _serve(steady, {"gpu": 1.0, "cpu": 2.0}, PROBE_EVERY * (MIN_SAMPLES + 5))
+    assert not steady.abandoned and ran[-20:] == ["gpu"] * 20
