@@ -3,8 +3,9 @@
 Transport-free: the HTTP adapters and the cloud client both use it. Unknown
 fields that OpenAI defines but we ignore (``user``, ``metadata``, ...) pass;
 parameters whose meaning we cannot honour are a 400, not a silent change of
-meaning. ``n`` choices are ``n`` sequences of one request (``OpenAIRequest.choice``). Structured output and tools (``response_format``, ``tools``,
-``tool_choice``, vLLM's ``structured_outputs``) are read by ``structured``.
+meaning. ``n`` choices are ``n`` sequences of one request (``OpenAIRequest.choice``).
+Structured output and tools (``response_format``, ``tools``, ``tool_choice``, vLLM's
+``structured_outputs``) are read by ``structured``.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ class OpenAIRequest:
     def choice(self, index: int) -> "OpenAIRequest":
         """The request of choice ``index`` alone: one choice, and with a ``seed``, ``seed + index`` (so
         seeded choices differ, each reproducible by a request of its own; forwarded so to a peer)."""
-        seed = self.params.seed
         if self.n == 1 and index == 0:
             return self
+        seed = self.params.seed
         body = {**(self.body or {}), "n": 1}
         params = self.params
         if seed is not None:
@@ -106,7 +107,7 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           presence_penalty=_number(body, "presence_penalty", 0.0),
                           frequency_penalty=_number(body, "frequency_penalty", 0.0), logprobs=logprobs,
                           top_logprobs=top, ignore_eos=_bool(body, "ignore_eos"),
-                          # top_k, min_p, repetition_penalty, min_tokens, stop_token_ids: vLLM's (the openai client sends them in extra_body)
+                          # top_k .. stop_token_ids are vLLM's (the openai client sends them in extra_body)
                           logit_bias=logit_bias_of(body.get("logit_bias")),
                           top_k=0 if body.get("top_k") is None else body["top_k"], min_p=_number(body, "min_p", 0.0),
                           repetition_penalty=_number(body, "repetition_penalty", 1.0),

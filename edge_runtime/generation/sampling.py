@@ -84,7 +84,7 @@ class SamplingParams:
                                     f"got {self.top_logprobs!r}")
         if self.guide is not None and not isinstance(self.guide, GrammarSpec):
             raise InvalidInputError(f"'guide' must be a GrammarSpec, got {type(self.guide).__name__}")
-        if (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)) or self.top_k < -1:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise InvalidInputError(f"'top_k' must be an integer >= 1, or 0 or -1 for every token, got {self.top_k!r}")
         _check_range("min_p", self.min_p, 0.0, 1.0)
         if _check_range("repetition_penalty", self.repetition_penalty, 0.0, 2.0) <= 0.0:
@@ -112,13 +112,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def logit_bias_of(value: Any, name: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+def logit_bias_of(value: Any) -> tuple[tuple[int, float], ...]:
     """``logit_bias`` as ``SamplingParams`` keeps it, from OpenAI's JSON object (token ids as strings)
     or a mapping of ints; InvalidInputError for a key that is not a token id."""
     if value is None:
         return ()
     if not isinstance(value, Mapping):
-        raise InvalidInputError(f"'{name}' must be an object mapping token ids to biases, got {value!r}"[:300])
+        raise InvalidInputError(f"'logit_bias' must be an object mapping token ids to biases, got {value!r}"[:300])
     entries = []
     for key, bias in value.items():
         try:
@@ -126,7 +126,7 @@ def logit_bias_of(value: Any, name: str = "logit_bias") -> tuple[tuple[int, floa
         except (TypeError, ValueError):
             token = None
         if token is None or str(key).strip() != str(token):
-            raise InvalidInputError(f"'{name}' keys must be token ids, got {key!r}"[:300])
+            raise InvalidInputError(f"'logit_bias' keys must be token ids, got {key!r}"[:300])
         entries.append((token, bias))
     return tuple(sorted(entries))
 
@@ -168,21 +168,18 @@ class Sampler:
             token = int(np.argmax(logits))
             self.counts[token] = self.counts.get(token, 0) + 1
             return TokenChoice(token)
-        logits = np.asarray(logits, dtype=np.float64)
+        logits = np.array(logits, dtype=np.float64)  # our own copy: the adjustments below write into it
         if p.logit_bias:
-            logits = logits.copy()
             for token, bias in p.logit_bias:
                 logits[token] += bias
         if self._prompt_ids is not None:
             seen = np.union1d(self._prompt_ids, np.fromiter(self.counts, dtype=np.int64))
             seen = seen[seen < logits.shape[0]]
-            logits = logits.copy()
             picked = logits[seen]
             logits[seen] = np.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = np.fromiter(self.counts, dtype=np.int64)
             counts = np.fromiter(self.counts.values(), dtype=np.float64)
-            logits = logits.copy()
             logits[ids] -= p.frequency_penalty * counts + p.presence_penalty
         if p.greedy:
             token = int(np.argmax(logits))
@@ -210,7 +207,7 @@ class Sampler:
                 kept[np.argsort(-probs, kind="stable")[:p.top_k]] = True
             probs = np.where(kept, probs, 0.0)
             probs /= probs.sum()
-        if self.params.top_p < 1.0:
+        if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
             cumulative = np.cumsum(probs[order])
             keep = order[:int(np.searchsorted(cumulative, self.params.top_p)) + 1]
