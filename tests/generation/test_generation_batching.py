@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,11 +21,20 @@ def test_concurrent_requests_give_the_same_tokens_as_alone(batching_folder: Path
     model = model_factory(batching_folder, max_batch_size=4, prefill_chunk_tokens=8, prefix_cache_bytes=0)
     alone = [model.generate(p, max_tokens=8 + 6 * i) for i, p in enumerate(PROMPTS)]
     steps_alone = model.batcher.stats().steps
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # 5 requests, 4 rows: one waits for a free row
-        together = list(pool.map(lambda ip: model.generate(ip[1], max_tokens=8 + 6 * ip[0]), enumerate(PROMPTS)))
-    for i, (a, b) in enumerate(zip(alone, together)):
-        assert b.token_ids == a.token_ids, f"prompt {i}"
-        assert b.text == a.text
+
+    async def collect(i: int, prompt: str) -> tuple[tuple[int, ...], str]:
+        chunks = [c async for c in model.stream(prompt, max_tokens=8 + 6 * i)]
+        return tuple(t for c in chunks for t in c.token_ids), "".join(c.text for c in chunks)
+
+    async def all_at_once() -> list[tuple[tuple[int, ...], str]]:
+        # submitted back to back from one loop: with threads, a fast model finished one request before
+        # the next thread submitted, and nothing was shared to check
+        return await asyncio.gather(*(collect(i, p) for i, p in enumerate(PROMPTS)))
+
+    together = asyncio.run(all_at_once())  # 5 requests, 4 rows: one waits for a free row
+    for i, (a, (ids_together, text_together)) in enumerate(zip(alone, together)):
+        assert ids_together == tuple(a.token_ids), f"prompt {i}"
+        assert text_together == a.text
         ids = model.prepare(PROMPTS[i]).ids
         assert list(a.token_ids) == oracle_greedy(qwen_folder, ids, 8 + 6 * i, set(model.folder.eos_token_ids))
     assert model.batcher.stats().steps - steps_alone < steps_alone  # decode steps were shared
