@@ -122,12 +122,14 @@ class _FusedDecoder(_Decoder):
             attended = g.op("GroupQueryAttention", rotary, 3, domain=MS, num_heads=s.heads, kv_num_heads=s.kv_heads,
                             do_rotary=0 if self.mrope else 1, rotary_interleaved=0)
             g.nodes[-1].output[1], g.nodes[-1].output[2] = f"present.{n}.key", f"present.{n}.value"
-            h, residual = self.simplified_norm(self.linear(attended[0], p + "self_attn.o_proj"),
-                                               p + "post_attention_layernorm.weight", residual)
+            attended = self.post_norm(self.linear(attended[0], p + "self_attn.o_proj"),
+                                      p + "post_self_attn_layernorm.weight")
+            h, residual = self.simplified_norm(attended, p + "post_attention_layernorm.weight", residual)
             gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])
             act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
             following = f"model.layers.{n + 1}.input_layernorm.weight" if n + 1 < s.layers else "model.norm.weight"
-            h, residual = self.simplified_norm(self.linear(act, p + "mlp.down_proj"), following, residual)
+            h, residual = self.simplified_norm(self.post_norm(self.linear(act, p + "mlp.down_proj"),
+                                                              p + "post_mlp_layernorm.weight"), following, residual)
             inputs += [helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),
                        helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape)]
             outputs += [helper.make_tensor_value_info(f"present.{n}.key", TensorProto.FLOAT, out_shape),

@@ -54,10 +54,22 @@ class DecoderShape:
     # (``self_attn.q_norm`` / ``k_norm``, [head_dim]) before the rotary
     attention_head_dim: int = 0
     qk_norm: bool = False
+    # GLM-4 (GLM-4.1V's text model): the rotary turns only the first ``rotary_dim`` channels of a head
+    # (0 = all; ``partial_rotary_factor`` * head_dim), in adjacent pairs (``rotary_interleaved``: channels
+    # 2i and 2i+1, not i and i + half), and each sub-layer's output is RMS-normalised before its residual
+    # add (``post_norms``: ``post_self_attn_layernorm`` / ``post_mlp_layernorm``). Built with M-RoPE only.
+    rotary_dim: int = 0
+    rotary_interleaved: bool = False
+    post_norms: bool = False
 
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.hidden // self.heads
+
+    @property
+    def rotated_dim(self) -> int:
+        """Channels of a head the rotary turns."""
+        return self.rotary_dim or self.head_dim
 
     def inv_freq(self) -> np.ndarray:
         """The rotary frequencies of the ``head_dim / 2`` channel pairs (float64), with Llama 3's scaling
@@ -200,9 +212,13 @@ class _Decoder:
         self.g = _GraphBuilder(0)
         self.embeds = inputs_embeds
         self.mrope = tuple(mrope_section) if mrope_section else None
-        if self.mrope and 2 * sum(self.mrope) != shape.head_dim:
-            raise ValueError(f"mrope_section {list(self.mrope)} sums to {sum(self.mrope)}; expected head_dim/2 = "
-                             f"{shape.head_dim // 2}")
+        if self.mrope and 2 * sum(self.mrope) != shape.rotated_dim:
+            raise ValueError(f"mrope_section {list(self.mrope)} sums to {sum(self.mrope)}; expected half the rotated "
+                             f"channels, {shape.rotated_dim // 2}")
+        if (shape.rotary_dim or shape.rotary_interleaved) and not self.mrope:
+            raise ValueError("partial or interleaved rotary is built with M-RoPE (GLM-4.1V) only")
+        if shape.rotated_dim > shape.head_dim or shape.rotated_dim % 2:
+            raise ValueError(f"rotary_dim {shape.rotary_dim} must be even and at most head_dim {shape.head_dim}")
 
     def const(self, name: str, value: np.ndarray) -> str:
         return self.g.const(name, value)
@@ -293,6 +309,10 @@ class _Decoder:
         sizes = self.const("split", np.array([w.shape[0] for w in weights], np.int64))
         return self.g.op("Split", [y, sizes], len(names), axis=-1)
 
+    def post_norm(self, x: str, name: str) -> str:
+        """GLM-4's RMSNorm of a sub-layer's output before its residual add (``post_norms``), else ``x``."""
+        return self.rms_norm(x, name) if self.s.post_norms else x
+
     def rms_norm(self, x: str, name: str) -> str:
         # NOTE: exactly the Pow/ReduceMean/Add/Sqrt/Div/Mul chain ONNX Runtime fuses into one
         # SimplifiedLayerNormalization kernel; an equivalent spelling (x*x, Reciprocal) stays six ops.
@@ -302,11 +322,26 @@ class _Decoder:
         return g.op("Mul", [norm, self.const(name, self.w[name])])
 
     def rotate(self, x: str, cos: str, sin: str) -> str:
-        g = self.g
-        half = self.s.head_dim // 2
-        first, second = g.op("Split", [x, self.const("split", np.array([half, half], np.int64))], 2, axis=-1)
-        rotated = g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
-        return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
+        """``x * cos + rotate(x) * sin`` over a 4-D tensor's last axis (head channels); ``cos`` / ``sin`` span
+        the rotated channels. Rotate-half pairs channel i with i + half; interleaved (GLM) pairs 2i with
+        2i + 1; channels past ``rotary_dim`` pass through."""
+        g, s = self.g, self.s
+        rotated_dim, d = s.rotated_dim, s.head_dim
+        passed = None
+        if rotated_dim < d:
+            x, passed = g.op("Split", [x, self.const("split", np.array([rotated_dim, d - rotated_dim], np.int64))],
+                             2, axis=-1)
+        if s.rotary_interleaved:
+            pairs = g.op("Reshape", [x, self.const("shape", np.array([0, 0, 0, -1, 2], np.int64))])
+            even, odd = g.op("Split", [pairs, self.const("split", np.array([1, 1], np.int64))], 2, axis=-1)
+            rotated = g.op("Reshape", [g.op("Concat", [g.op("Neg", [odd]), even], axis=-1),
+                                       self.const("shape", np.array([0, 0, 0, rotated_dim], np.int64))])
+        else:
+            half = rotated_dim // 2
+            first, second = g.op("Split", [x, self.const("split", np.array([half, half], np.int64))], 2, axis=-1)
+            rotated = g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
+        out = g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])])
+        return out if passed is None else g.op("Concat", [out, passed], axis=-1)
 
     def cos_sin(self) -> tuple[str, str]:
         """[batch, 1, seq, head_dim] cos and sin gathered from tables by ``position_ids`` [batch, seq]."""
@@ -324,10 +359,14 @@ class _Decoder:
         angle from axis 0, 1, 2, 0, 1, 2. One MatMul of the positions with a [3, head_dim] matrix that
         holds each channel's frequency in its axis's row (zeros elsewhere) gives every angle: the
         same single float32 product as transformers' ``inv_freq @ position_ids``, so no table bounds."""
-        g, d = self.g, self.s.head_dim
+        g, d = self.g, self.s.rotated_dim
         inv_freq = (1.0 / (np.float32(self.s.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))))
-        inv_freq = np.concatenate([inv_freq, inv_freq]).astype(np.float32)
-        axis = np.concatenate([np.full(n, i % 3) for i, n in enumerate(self.mrope * 2)])
+        if self.s.rotary_interleaved:  # GLM: frequency i's section by the first half, on channels 2i and 2i + 1
+            inv_freq = np.repeat(inv_freq, 2).astype(np.float32)
+            axis = np.repeat(np.concatenate([np.full(n, i) for i, n in enumerate(self.mrope)]), 2)
+        else:
+            inv_freq = np.concatenate([inv_freq, inv_freq]).astype(np.float32)
+            axis = np.concatenate([np.full(n, i % 3) for i, n in enumerate(self.mrope * 2)])
         select = np.where(axis[None, :] == np.arange(3)[:, None], inv_freq[None, :], 0).astype(np.float32)
         positions = g.op("Transpose", [g.op("Cast", ["position_ids"], to=TensorProto.FLOAT)], perm=[1, 2, 0])
         angles = g.op("MatMul", [positions, self.const("mrope_freq", select)])  # [batch, seq, head_dim]
@@ -381,11 +420,12 @@ class _Decoder:
             attended = g.op("Reshape", [attended, self.const("shape", np.array([0, s.heads, -1, d], np.int64))])
             attended = g.op("Reshape", [g.op("Transpose", [attended], perm=[0, 2, 1, 3]),
                                         self.const("shape", np.array([0, 0, s.heads * d], np.int64))])
-            x = g.op("Add", [x, self.linear(attended, p + "self_attn.o_proj")])
+            x = g.op("Add", [x, self.post_norm(self.linear(attended, p + "self_attn.o_proj"),
+                                               p + "post_self_attn_layernorm.weight")])
             h = self.rms_norm(x, p + "post_attention_layernorm.weight")
             gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])
             act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-            x = g.op("Add", [x, self.linear(act, p + "mlp.down_proj")])
+            x = g.op("Add", [x, self.post_norm(self.linear(act, p + "mlp.down_proj"), p + "post_mlp_layernorm.weight")])
             kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", d]
             out_shape = ["batch_size", s.kv_heads, "past_sequence_length + sequence_length", d]
             inputs += [helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),

@@ -242,6 +242,7 @@ class _QwenVision(VisionGraph):
         block_col, block_row = g.op("Mod", [block, blocks_w]), g.op("Div", [block, blocks_w])
         row = g.op("Add", [g.op("Mul", [block_row, side]), in_row])
         column = g.op("Add", [g.op("Mul", [block_col, side]), in_col])
+        self.row, self.column, self.sides = row, column, (hh, ww)  # GLM-4.1V's position table reads them
         rc = g.op("Concat", [g.op("Unsqueeze", [row, self.ints(1)]), g.op("Unsqueeze", [column, self.ints(1)])],
                   axis=1)
         rc = g.op("Cast", [rc], to=TensorProto.FLOAT)

@@ -16,6 +16,10 @@ from pathlib import Path
 QWEN_SPECIALS = ("<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
                  "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
                  "<|video_pad|>")
+# GLM-4.1V (glm4v): its role tokens, image and video brackets, and the [gMASK]<sop> prefix
+GLM_SPECIALS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+                "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
+                "<|video|>")
 # SmolVLM/Idefics3: tile tokens <row_r_col_c> for up to 6x6 tiles, as the released processors have
 IDEFICS_SPECIALS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
                     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))
@@ -36,6 +40,21 @@ QWEN_VL_TEMPLATE = (
     "{{ '<|im_end|>\\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+
+# GLM-4's format: "[gMASK]<sop>" once, then "<|role|>\n" + content per turn, each image part as
+# <|begin_of_image|><|image|><|end_of_image|>; the processor expands <|image|> to the image's token count.
+GLM_TEMPLATE = (
+    "{{ '[gMASK]<sop>' }}"
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>\\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}"
+    "{{ '<|begin_of_image|><|image|><|end_of_image|>' }}"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}")
 
 # SmolVLM's format: "<|im_start|>User:<image>text<end_of_utterance>\nAssistant:"; a turn that
 # opens with an image has no space after the colon.
@@ -68,13 +87,18 @@ def write_vlm_text_files(folder: Path, family: str, vocab: int, seed: int = 0,
 
     folder = Path(folder)
     qwen = family in ("qwen2_vl", "qwen2_5_vl")
-    extra = QWEN_SPECIALS if qwen else ("<|im_start|>", "<|im_end|>", *IDEFICS_SPECIALS)
+    extra = (QWEN_SPECIALS if qwen else GLM_SPECIALS if family == "glm4v"
+             else ("<|im_start|>", "<|im_end|>", *IDEFICS_SPECIALS))
     specials = _train(folder, vocab, "qwen2", seed, extra)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = {s: tokenizer.token_to_id(s) for s in specials}
     if qwen:
         config = {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                   "bos_token": None, "add_bos_token": False, "chat_template": QWEN_VL_TEMPLATE}
+    elif family == "glm4v":
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                  "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
+                  "chat_template": GLM_TEMPLATE}
     else:
         config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|im_start|>", "eos_token": "<end_of_utterance>",
                   "pad_token": "<|im_end|>", "unk_token": "<|endoftext|>", "add_bos_token": False,
@@ -94,6 +118,17 @@ def qwen_preprocessor_config(family: str, min_pixels: int, max_pixels: int, patc
             "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "do_convert_rgb": True, "resample": 3, "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
             "min_pixels": min_pixels, "max_pixels": max_pixels,
+            "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
+            "patch_size": patch, "temporal_patch_size": temporal, "merge_size": merge}
+
+
+def glm_preprocessor_config(min_pixels: int, max_pixels: int, patch: int = 14, merge: int = 2,
+                            temporal: int = 2) -> dict:
+    """Glm4vImageProcessor's file: its bounds live in ``size`` only (``shortest_edge`` / ``longest_edge``,
+    compared with temporal_patch_size x height x width)."""
+    return {"image_processor_type": "Glm4vImageProcessor", "processor_class": "Glm4vProcessor",
+            "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "do_convert_rgb": True, "resample": 3, "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
             "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
             "patch_size": patch, "temporal_patch_size": temporal, "merge_size": merge}
 

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
-SUPPORTED_MODEL_TYPES = QWEN_FAMILIES + IDEFICS_FAMILIES
+GLM_FAMILIES = ("glm4v",)
+MROPE_FAMILIES = QWEN_FAMILIES + GLM_FAMILIES  # decoder position_ids [3, batch, seq]; checkpoints name their
+# towers model.visual.* and their text models model.language_model.*
+SUPPORTED_MODEL_TYPES = QWEN_FAMILIES + IDEFICS_FAMILIES + GLM_FAMILIES
 
 
 def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,10 +43,20 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
     text = text_config(config)
     heads = text["num_attention_heads"]
+    glm = config.get("model_type") in GLM_FAMILIES
+    head_dim = text["hidden_size"] // heads
+    factor = float(text.get("partial_rotary_factor", 1.0))
+    if factor != 1.0 and not glm:
+        raise ValueError(f"partial_rotary_factor {factor} is built for glm4v only")
+    rotary_dim = int(head_dim * factor)  # transformers' int(head_dim * partial_rotary_factor)
     shape = DecoderShape(hidden=text["hidden_size"], layers=text["num_hidden_layers"], heads=heads,
                          kv_heads=text.get("num_key_value_heads") or heads, intermediate=text["intermediate_size"],
                          vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 2048),
-                         rope_theta=float(text.get("rope_theta", 10000.0)), rms_eps=text.get("rms_norm_eps", 1e-6))
+                         rope_theta=float(text.get("rope_theta", 10000.0)), rms_eps=text.get("rms_norm_eps", 1e-6),
+                         rotary_dim=rotary_dim if rotary_dim != head_dim else 0, rotary_interleaved=glm,
+                         post_norms=glm)
+    if text.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"text hidden_act {text['hidden_act']!r} is not supported: expected silu")
     rope = text.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", "mrope"):  # scaled RoPE (llama3, yarn, dynamic...) would be silently wrong
@@ -79,10 +92,38 @@ class RenamedWeights(Mapping[str, np.ndarray]):
         return len(self.names)
 
 
-def text_weights(family: str, weights: Mapping[str, np.ndarray], tied: bool = False) -> RenamedWeights:
+class GateUpSplit(Mapping[str, np.ndarray]):
+    """GLM-4's fused ``mlp.gate_up_proj.weight`` [2 * intermediate, hidden] read as Qwen2's ``mlp.gate_proj`` and
+    ``mlp.up_proj`` (its first and second halves, transformers' ``chunk(2)``); other names pass through."""
+
+    def __init__(self, source: Mapping[str, np.ndarray]) -> None:
+        self.source = source
+        self.halves = {}
+        for name in source:
+            if name.endswith("mlp.gate_up_proj.weight"):
+                stem = name[:-len("gate_up_proj.weight")]
+                self.halves[stem + "gate_proj.weight"], self.halves[stem + "up_proj.weight"] = (name, 0), (name, 1)
+        self.names = [n for n in source if not n.endswith("mlp.gate_up_proj.weight")] + list(self.halves)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self.halves:
+            fused, half = self.halves[name]
+            return np.array_split(self.source[fused], 2, axis=0)[half]
+        if name.endswith("mlp.gate_up_proj.weight"):
+            raise KeyError(name)
+        return self.source[name]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def text_weights(family: str, weights: Mapping[str, np.ndarray], tied: bool = False) -> Mapping[str, np.ndarray]:
     """The decoder's weights under Qwen2's names (``model.layers.N...``, ``model.norm``, ``lm_head``);
     ``tied``: without ``lm_head`` (the decoder then ties the head to the embedding table)."""
-    prefix = "model.language_model." if family in QWEN_FAMILIES else "model.text_model."
+    prefix = "model.language_model." if family in MROPE_FAMILIES else "model.text_model."
     names = {}
     for name in weights:
         new = "model." + name[len(prefix):] if name.startswith(prefix) else name
@@ -90,12 +131,13 @@ def text_weights(family: str, weights: Mapping[str, np.ndarray], tied: bool = Fa
                                                            "model.connector.")) or (new == "lm_head.weight"
                                                                                     and not tied):
             names[new] = name
-    return RenamedWeights(weights, names)
+    renamed = RenamedWeights(weights, names)
+    return GateUpSplit(renamed) if family in GLM_FAMILIES else renamed
 
 
 def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> RenamedWeights:
-    """The vision tower's weights: ``visual.*`` (Qwen) or ``model.vision_model.*`` + ``model.connector.*``."""
-    if family in QWEN_FAMILIES:
+    """The vision tower's weights: ``visual.*`` (Qwen, GLM) or ``model.vision_model.*`` + ``model.connector.*``."""
+    if family in MROPE_FAMILIES:
         names = {("visual." + k[len("model.visual."):] if k.startswith("model.visual.") else k): k
                  for k in weights if k.startswith(("visual.", "model.visual."))}
     else:
@@ -125,11 +167,14 @@ def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tupl
         from edge_runtime.vision_graphs import qwen_vision_spec as vision_spec
     elif family == "qwen2_5_vl":
         from edge_runtime.vision_graphs_qwen25 import qwen25_vision_spec as vision_spec
+    elif family == "glm4v":
+        from edge_runtime.vision_graphs_glm4v import glm_vision_spec as vision_spec
     else:
         from edge_runtime.vision_graphs_idefics import idefics_vision_spec as vision_spec
-    mrope, shape = mrope_section(config) if family in QWEN_FAMILIES else None, decoder_shape(config)
-    if mrope and 2 * sum(mrope) != shape.head_dim:
-        raise ValueError(f"mrope_section {list(mrope)} sums to {sum(mrope)}; expected head_dim/2 = {shape.head_dim // 2}")
+    mrope, shape = mrope_section(config) if family in MROPE_FAMILIES else None, decoder_shape(config)
+    if mrope and 2 * sum(mrope) != shape.rotated_dim:
+        raise ValueError(f"mrope_section {list(mrope)} sums to {sum(mrope)}; expected half the rotated channels, "
+                         f"{shape.rotated_dim // 2}")
     return family, shape, mrope, vision_spec(config)
 
 
@@ -165,6 +210,8 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
         from edge_runtime.vision_graphs import build_qwen2_vl_vision as build_vision
     elif family == "qwen2_5_vl":
         from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision as build_vision
+    elif family == "glm4v":
+        from edge_runtime.vision_graphs_glm4v import build_glm4v_vision as build_vision
     else:
         from edge_runtime.vision_graphs_idefics import build_idefics3_vision as build_vision
     builders = {"vision_encoder": lambda: build_vision(spec, vision, fused=fused),

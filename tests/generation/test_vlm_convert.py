@@ -15,15 +15,16 @@ import numpy as np
 import onnx
 import pytest
 
-from vlm_checkpoints import (QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs, onnx_greedy,
-                             sample_image, session, vision_feeds, vlm_root)
+from vlm_checkpoints import (MROPE_FAMILIES, QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs,
+                             onnx_greedy, sample_image, session, vision_feeds, vlm_root)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
          "smolvlm": VLMSpec(family="smolvlm", seed=2),
-         "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3)}
+         "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3),
+         "glm4v": VLMSpec(family="glm4v", seed=4)}
 QWEN = SPECS["qwen2_vl"]
 PARTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 
@@ -78,16 +79,17 @@ def test_converted_folder_has_the_transformers_js_layout(family: str, converted:
     # every part's weights beside its graph (ONNX Runtime maps them), listed for transformers.js
     assert config["transformers.js_config"]["use_external_data_format"] == {f"{part}.onnx": 1 for part in PARTS}
     files = ["tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "generation_config.json",
-             *(f"onnx/{part}.onnx_data" for part in PARTS)] + ([] if family in QWEN_FAMILIES
+             *(f"onnx/{part}.onnx_data" for part in PARTS)] + ([] if family in MROPE_FAMILIES
                                                                 else ["processor_config.json"])
     for name in files:
         assert (converted / name).is_file(), name
-    placeholder = "<|image_pad|>" if family in QWEN_FAMILIES else "<image>"
+    placeholder = {"glm4v": "<|image|>"}.get(family, "<|image_pad|>" if family in QWEN_FAMILIES else "<image>")
     assert placeholder in json.loads((converted / "tokenizer_config.json").read_text())["chat_template"]
     names = {part: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
              for part in ("vision_encoder", "embed_tokens", "decoder_model_merged")
              for s in [session(converted, part)]}
-    second = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw"}.get(family, "pixel_attention_mask")
+    second = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw", "glm4v": "image_grid_thw"}.get(
+        family, "pixel_attention_mask")
     assert names["vision_encoder"] == (["pixel_values", second], ["image_features"])
     assert names["embed_tokens"] == (["input_ids"], ["inputs_embeds"])
     inputs, outputs = names["decoder_model_merged"]
@@ -96,11 +98,17 @@ def test_converted_folder_has_the_transformers_js_layout(family: str, converted:
     assert outputs == ["logits"] + [f"present.{n}.{k}" for n in range(spec.layers) for k in ("key", "value")]
 
 
-@pytest.mark.parametrize("family", QWEN_FAMILIES, indirect=True)
-@pytest.mark.parametrize("grid", [[[1, 4, 6]], [[2, 8, 6]], [[1, 10, 6], [1, 4, 4]]], ids=["image", "t2", "two"])
+GRIDS = {"image": [[1, 4, 6]], "t2": [[2, 8, 6]], "two": [[1, 10, 6], [1, 4, 4]], "tall": [[1, 16, 2]]}
+# transformers' Glm4vVisionEmbeddings reads a clip's second frame as a second image's shape: no oracle for t2
+VISION_CASES = [(family, name) for family in MROPE_FAMILIES for name in GRIDS if (family, name) != ("glm4v", "t2")]
+
+
+@pytest.mark.parametrize("family, grid", [(f, GRIDS[name]) for f, name in VISION_CASES], indirect=["family"],
+                         ids=[f"{f}-{name}" for f, name in VISION_CASES])
 def test_qwen_vision_features_equal_transformers(family: str, converted: Path, model, grid: list) -> None:
-    """Grids of an image, a 2-frame clip (attention per frame) and two images in one call; Qwen2.5-VL's
-    windows (2x2 merge blocks here) cut these grids into full and partial windows."""
+    """Grids of an image, a 2-frame clip (attention per frame), two images in one call and a strip;
+    Qwen2.5-VL's windows (2x2 merge blocks here) cut these grids into full and partial windows;
+    GLM-4.1V resamples its 8x8 position table to each grid (smaller, larger, 16x2)."""
     grid = np.array(grid, np.int64)
     pixels = np.random.default_rng(1).standard_normal((int(np.prod(grid, axis=1).sum()), 1176)).astype(np.float32)
     feeds = vision_feeds(family, {"pixel_values": pixels, "image_grid_thw": grid})
@@ -177,7 +185,7 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, hf: P
     mask = np.ones((2, total), np.int64)
     mask[1, :2] = 0
     base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    if family in QWEN_FAMILIES:
+    if family in MROPE_FAMILIES:
         positions = np.stack([base, base // 2 + (base > 4) * 3, base % 3 + base // 3]).astype(np.int64)
     else:
         positions = base.astype(np.int64)
@@ -247,7 +255,7 @@ def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path,
     folder = tmp_path / "fp16"
     assert main(["convert", str(hf), "--to", "onnx", "--out", str(folder), "--precision", "fp16", "--json"]) == 0
     rng = np.random.default_rng(4)
-    if family in QWEN_FAMILIES:
+    if family in MROPE_FAMILIES:
         inputs = {"pixel_values": rng.standard_normal((24, 1176)).astype(np.float32),
                   "image_grid_thw": np.array([[1, 4, 6]], np.int64)}
     else:
@@ -266,7 +274,7 @@ def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path,
     mask[1, :3] = 0
     base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     feeds = {"inputs_embeds": rng.standard_normal((2, 6, SPECS[family].hidden)).astype(np.float32) * 0.2,
-             "attention_mask": mask, "position_ids": np.stack([base] * 3) if family in QWEN_FAMILIES else base,
+             "attention_mask": mask, "position_ids": np.stack([base] * 3) if family in MROPE_FAMILIES else base,
              **empty_past(config, 2)}
     decoder = session(folder, "decoder_model_merged_fp16")
     outputs = dict(zip([o.name for o in decoder.get_outputs()], decoder.run(None, feeds)))
@@ -282,7 +290,7 @@ def test_convert_refuses_unknown_model_types(tmp_path: Path, capsys) -> None:
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llava"}))
     assert main(["convert", str(tmp_path / "ckpt"), "--to", "onnx", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert "'llava'" in err and "qwen2_vl, qwen2_5_vl, idefics3, smolvlm" in err
+    assert "'llava'" in err and "qwen2_vl, qwen2_5_vl, idefics3, smolvlm, glm4v" in err
     assert main(["convert", str(tmp_path / "ckpt"), "--to", "onnx"]) == 2
     assert "--out" in capsys.readouterr().err
 

@@ -27,6 +27,7 @@ import numpy as np
 
 FIXTURE_VERSION = 1
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+MROPE_FAMILIES = (*QWEN_FAMILIES, "glm4v")  # decoder position_ids [3, batch, seq], image_grid_thw grids
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,28 @@ def _qwen_model(spec: VLMSpec, ids: dict[str, int]):
     return transformers.Qwen2VLForConditionalGeneration(config)
 
 
+def _glm_model(spec: VLMSpec, ids: dict[str, int]):
+    """GLM-4.1V's architecture at a tiny size: half the head's channels rotated (partial_rotary_factor
+    0.5, interleaved M-RoPE), an 8x8 learned position table interpolated to each image's grid."""
+    import transformers
+
+    text = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                partial_rotary_factor=0.5, rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]},
+                eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]],
+                pad_token_id=ids["<|endoftext|>"])
+    vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_dim, num_heads=spec.vision_heads,
+                  out_hidden_size=spec.hidden, intermediate_size=2 * spec.hidden, image_size=112, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, rms_norm_eps=1e-5)
+    config = transformers.Glm4vConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
+        tie_word_embeddings=False)
+    return transformers.Glm4vForConditionalGeneration(config)
+
+
 def _idefics_model(spec: VLMSpec, ids: dict[str, int]):
     import transformers
 
@@ -128,7 +151,8 @@ def checkpoint(spec: VLMSpec, root: Path) -> Path:
     import torch
     import transformers
 
-    from edge_runtime.vlm_files import idefics_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
+    from edge_runtime.vlm_files import (glm_preprocessor_config, idefics_preprocessor_config, qwen_preprocessor_config,
+                                        write_vlm_text_files)
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -139,6 +163,10 @@ def checkpoint(spec: VLMSpec, root: Path) -> Path:
         model = _qwen_model(spec, ids)
         processor = qwen_preprocessor_config(spec.family, 56 * 56, 28 * 28 * 64)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    elif spec.family == "glm4v":
+        model = _glm_model(spec, ids)
+        processor = glm_preprocessor_config(2 * 56 * 56, 2 * 28 * 28 * 64)  # GLM counts both temporal frames
+        eos = [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]]
     elif spec.family in ("idefics3", "smolvlm"):
         model = _idefics_model(spec, ids)
         processor = idefics_preprocessor_config(spec.family, spec.image_size, spec.longest_edge, spec.split)
@@ -176,7 +204,9 @@ def sample_image(width: int = 84, height: int = 56, seed: int = 0):
 
 
 def model_inputs(family: str, folder: Path, image, text: str) -> dict[str, np.ndarray]:
-    return qwen_inputs(folder, image, text) if family.startswith("qwen") else idefics_inputs(folder, image, text)
+    if family in MROPE_FAMILIES:
+        return qwen_inputs(folder, image, text, glm=family == "glm4v")
+    return idefics_inputs(folder, image, text)
 
 
 def idefics_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
@@ -204,17 +234,22 @@ def idefics_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
             "pixel_attention_mask": out["pixel_attention_mask"].astype(bool)}
 
 
-def qwen_inputs(folder: Path, image, text: str) -> dict[str, np.ndarray]:
-    """input_ids, attention_mask, pixel_values, image_grid_thw for one user turn (image, then text)."""
+def qwen_inputs(folder: Path, image, text: str, glm: bool = False) -> dict[str, np.ndarray]:
+    """input_ids, attention_mask, pixel_values, image_grid_thw for one user turn (image, then text).
+
+    ``glm``: GLM-4.1V's slow ``Glm4vImageProcessor`` and ``<|image|>`` placeholder (its processor class
+    wants torchvision for video too, so its expansion rule, the same as Qwen's, is followed here)."""
     import transformers
 
-    processor = transformers.Qwen2VLImageProcessor.from_pretrained(folder)
+    image_processor = transformers.Glm4vImageProcessor if glm else transformers.Qwen2VLImageProcessor
+    processor = image_processor.from_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     pixels = processor(images=[image], return_tensors="np")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     count = int(np.prod(pixels["image_grid_thw"][0])) // processor.merge_size ** 2
-    prompt = prompt.replace("<|image_pad|>", "<|image_pad|>" * count)
+    placeholder = "<|image|>" if glm else "<|image_pad|>"
+    prompt = prompt.replace(placeholder, placeholder * count)
     ids = np.array([tokenizer(prompt)["input_ids"]], np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "pixel_values": pixels["pixel_values"],
             "image_grid_thw": pixels["image_grid_thw"].astype(np.int64)}
@@ -236,7 +271,7 @@ def empty_past(config: dict, batch: int) -> dict[str, np.ndarray]:
 
 
 def vision_feeds(family: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if family in QWEN_FAMILIES:
+    if family in MROPE_FAMILIES:
         grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
         return {"pixel_values": inputs["pixel_values"], grid_name: inputs["image_grid_thw"]}
     return {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
@@ -258,7 +293,7 @@ def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray],
     assert rows.sum() == len(features)
     embeds[0, rows] = features
     length, delta = ids.shape[1], 0
-    if family in QWEN_FAMILIES:
+    if family in MROPE_FAMILIES:
         with torch.no_grad():  # transformers' get_rope_index: the positions oracle (the engine has its own)
             positions, deltas = model.model.get_rope_index(
                 input_ids=torch.from_numpy(ids), image_grid_thw=torch.from_numpy(inputs["image_grid_thw"]),
@@ -278,7 +313,7 @@ def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray],
         if token in eos or len(tokens) == max_new:
             return tokens
         past = {k.replace("present", "past_key_values"): v for k, v in outputs.items() if k.startswith("present")}
-        position = np.full((3, 1, 1) if family in QWEN_FAMILIES else (1, 1), length + delta, np.int64)
+        position = np.full((3, 1, 1) if family in MROPE_FAMILIES else (1, 1), length + delta, np.int64)
         feeds = {"inputs_embeds": embed.run(None, {"input_ids": np.array([[token]], np.int64)})[0],
                  "attention_mask": np.ones((1, length + 1), np.int64), "position_ids": position, **past}
         length += 1
