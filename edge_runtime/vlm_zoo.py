@@ -22,9 +22,11 @@ from edge_runtime.decoder_zoo import DecoderShape
 from edge_runtime.decoder_zoo import random_weights as decoder_weights
 from edge_runtime.vision_graphs import QwenVisionSpec
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v")
 ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-                 "idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration"}
+                 "idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration",
+                 "glm4v": "Glm4vForConditionalGeneration"}
+GLM_ROTARY_FACTOR = 0.5  # GLM-4.1V's partial_rotary_factor: half of each head's channels rotate
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,11 @@ def vision_spec(family: str, shape: VLMShape) -> Any:
         from edge_runtime.vision_graphs_qwen25 import Qwen25VisionSpec
 
         return Qwen25VisionSpec(out_hidden=shape.text.hidden)
+    if family == "glm4v":
+        from edge_runtime.vision_graphs_glm4v import GlmVisionSpec
+
+        hidden = shape.text.hidden
+        return GlmVisionSpec(out_hidden=hidden, mlp_hidden=hidden, merger_hidden=2 * hidden)
     from edge_runtime.vision_graphs_idefics import IdeficsVisionSpec
 
     return IdeficsVisionSpec(text_hidden=shape.text.hidden)
@@ -80,11 +87,63 @@ def _qwen_vision_weights(spec: QwenVisionSpec, rng: np.random.Generator) -> dict
     return w
 
 
+def _glm_vision_weights(spec: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    e, o, side = spec.embed_dim, spec.out_hidden, spec.table_side
+    w = {"visual.patch_embed.proj.weight": _normal(rng, e, spec.channels, spec.temporal, spec.patch, spec.patch,
+                                                   scale=0.05),
+         "visual.patch_embed.proj.bias": _normal(rng, e, scale=0.1),
+         "visual.post_conv_layernorm.weight": 1 + _normal(rng, e, scale=0.1),
+         "visual.embeddings.position_embedding.weight": _normal(rng, side * side, e, scale=0.2),
+         "visual.post_layernorm.weight": 1 + _normal(rng, e, scale=0.1),
+         "visual.downsample.weight": _normal(rng, o, e, spec.merge, spec.merge, scale=0.1),
+         "visual.downsample.bias": _normal(rng, o, scale=0.1),
+         "visual.merger.proj.weight": _normal(rng, o, o, scale=0.2),
+         "visual.merger.post_projection_norm.weight": 1 + _normal(rng, o, scale=0.1),
+         "visual.merger.post_projection_norm.bias": _normal(rng, o, scale=0.1),
+         "visual.merger.gate_proj.weight": _normal(rng, spec.merger_hidden, o, scale=0.2),
+         "visual.merger.up_proj.weight": _normal(rng, spec.merger_hidden, o, scale=0.2),
+         "visual.merger.down_proj.weight": _normal(rng, o, spec.merger_hidden, scale=0.1)}
+    for n in range(spec.depth):
+        p = f"visual.blocks.{n}."
+        w[p + "norm1.weight"], w[p + "norm2.weight"] = 1 + _normal(rng, e, scale=0.1), 1 + _normal(rng, e, scale=0.1)
+        for name, (rows, cols) in {"attn.qkv": (3 * e, e), "attn.proj": (e, e), "mlp.gate_proj": (spec.mlp_hidden, e),
+                                   "mlp.up_proj": (spec.mlp_hidden, e), "mlp.down_proj": (e, spec.mlp_hidden)}.items():
+            w[p + name + ".weight"] = _normal(rng, rows, cols, scale=0.2)
+    return {"model." + name: value for name, value in w.items()}  # as GLM-4.1V checkpoints name them
+
+
+def _glm_text_weights(text: dict[str, np.ndarray], shape: DecoderShape,
+                      rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Qwen2-named decoder weights as a GLM-4.1V checkpoint names them: under ``model.language_model.``, gate and
+    up fused into ``gate_up_proj``, the two post-norms of each layer, an untied head."""
+    out = {"lm_head.weight": _normal(rng, shape.vocab, shape.hidden, scale=0.2)}
+    for name, value in text.items():
+        if name.endswith("mlp.up_proj.weight"):
+            continue
+        new = "model.language_model." + name[len("model."):]
+        if name.endswith("mlp.gate_proj.weight"):
+            new, value = new.replace("gate_proj", "gate_up_proj"), np.concatenate(
+                [value, text[name.replace("gate_proj", "up_proj")]])
+        out[new] = value
+    for n in range(shape.layers):
+        for norm in ("post_self_attn_layernorm", "post_mlp_layernorm"):
+            out[f"model.language_model.layers.{n}.{norm}.weight"] = 1 + _normal(rng, shape.hidden, scale=0.2)
+    return out
+
+
+def glm_mrope_section(rotated_half: int) -> tuple[int, int, int]:
+    """GLM-4.1V's split of the rotated frequencies over (t, h, w): [8, 12, 12] of 32, in proportion."""
+    h = 3 * rotated_half // 8
+    return rotated_half - 2 * h, h, h
+
+
 def random_vlm_weights(family: str, shape: VLMShape, seed: int = 0) -> dict[str, np.ndarray]:
     """Checkpoint-named random weights (Qwen: ``visual.*``, ``model.*``; Idefics3: ``model.text_model.*``...)."""
     rng = np.random.default_rng(seed + 1000)
     spec = vision_spec(family, shape)
     text = decoder_weights(shape.text, seed)
+    if family == "glm4v":
+        return {**_glm_text_weights(text, shape.text, rng), **_glm_vision_weights(spec, rng)}
     if family == "qwen2_vl":
         return {**text, **_qwen_vision_weights(spec, rng)}
     if family == "qwen2_5_vl":
@@ -118,6 +177,16 @@ def vlm_config(family: str, shape: VLMShape, ids: dict[str, int]) -> dict[str, A
         config = {**text, "text_config": dict(text), "vision_config": spec.config(),
                   "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
                   "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+    elif family == "glm4v":
+        rotated_half = int(shape.text.head_dim * GLM_ROTARY_FACTOR) // 2
+        text.update(model_type="glm4v_text", tie_word_embeddings=False, partial_rotary_factor=GLM_ROTARY_FACTOR,
+                    eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]],
+                    pad_token_id=ids["<|endoftext|>"],
+                    rope_scaling={"rope_type": "default", "mrope_section": list(glm_mrope_section(rotated_half))})
+        config = {"text_config": text, "vision_config": spec.config(), "image_token_id": ids["<|image|>"],
+                  "video_token_id": ids["<|video|>"], "image_start_token_id": ids["<|begin_of_image|>"],
+                  "image_end_token_id": ids["<|end_of_image|>"], "video_start_token_id": ids["<|begin_of_video|>"],
+                  "video_end_token_id": ids["<|end_of_video|>"], "tie_word_embeddings": False}
     else:
         text.update(model_type="llama", tie_word_embeddings=False, bos_token_id=ids["<|im_start|>"],
                     eos_token_id=ids["<end_of_utterance>"], pad_token_id=ids["<|im_end|>"])
@@ -134,7 +203,8 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
     """A complete transformers.js-layout folder (see the module docstring); returns ``folder``.
     ``fused``: the vision encoder's attention as ONNX Runtime's fused op; ``fused_decoder``: the decoder
     as GroupQueryAttention (``vlm_parts.iter_vlm_parts``)."""
-    from edge_runtime.vlm_files import idefics_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
+    from edge_runtime.vlm_files import (glm_preprocessor_config, idefics_preprocessor_config, qwen_preprocessor_config,
+                                        write_vlm_text_files)
     from edge_runtime.vlm_parts import iter_vlm_parts, save_parts
 
     if family not in FAMILIES:
@@ -152,6 +222,9 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
     if family in ("qwen2_vl", "qwen2_5_vl"):
         processor = qwen_preprocessor_config(family, shape.min_pixels, shape.max_pixels)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    elif family == "glm4v":  # GLM's bounds count both temporal frames of a still image
+        processor = glm_preprocessor_config(2 * shape.min_pixels, 2 * shape.max_pixels)
+        eos = text["eos_token_id"]
     else:
         spec = vision_spec(family, shape)
         processor = idefics_preprocessor_config(family, spec.image_size,
@@ -161,7 +234,7 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
         (folder / "processor_config.json").write_text(json.dumps(
             {"image_seq_len": spec.image_seq_len, "processor_class": processor["processor_class"]}, indent=2))
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
-    generation = {"bos_token_id": text["bos_token_id"], "eos_token_id": eos, "pad_token_id": text.get(
+    generation = {"bos_token_id": text.get("bos_token_id"), "eos_token_id": eos, "pad_token_id": text.get(
         "pad_token_id", ids.get("<|endoftext|>")), "do_sample": False}
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return folder

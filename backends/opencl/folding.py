@@ -40,9 +40,29 @@ def fold_node(node: "onnx.NodeProto", values: dict[str, np.ndarray],
         if name not in values:
             raise FoldError(f"input {name!r} is not known at compile time")
         feeds[name] = values[name]
+    if node.op_type == "GridSample" and opset < 20:
+        node, opset = _grid_sample_20(node), 20
     try:
         evaluator = ReferenceEvaluator(node, opsets={"": opset})
         results = evaluator.run(None, feeds)
     except Exception as exc:  # the reference ops raise many types; all mean "cannot fold"
         raise FoldError(f"cannot evaluate {node.op_type} on the host: {exc}") from exc
     return [np.asarray(r) for r in results]
+
+
+# GridSample's modes as opset 16 spells them -> opset 20's names (same interpolation)
+_GRID_SAMPLE_MODES = {"bilinear": "linear", "bicubic": "cubic"}
+
+
+def _grid_sample_20(node: "onnx.NodeProto") -> "onnx.NodeProto":
+    """An opset-16 GridSample as opset 20 writes it. NOTE: onnx's reference GridSample knows only opset
+    20's mode names and refuses "bicubic"/"bilinear" under any opset (GLM-4.1V's position table is
+    resampled with "bicubic" in an opset-17 graph)."""
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for attr in copy.attribute:
+        if attr.name == "mode" and attr.s.decode() in _GRID_SAMPLE_MODES:
+            attr.s = _GRID_SAMPLE_MODES[attr.s.decode()].encode()
+    return copy

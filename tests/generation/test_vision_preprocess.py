@@ -1,8 +1,8 @@
 """Image preprocessing per family against transformers' slow (PIL) image processors and processors.
 
-Oracles: ``Qwen2VLImageProcessor`` (Qwen2.5-VL uses the same class), ``Idefics3ImageProcessor``
-and ``SmolVLMImageProcessor`` for pixel values, grids and tile counts; ``Qwen2VLProcessor``
-and ``Idefics3Processor`` for the prompt text (compared as token ids of a byte-level
+Oracles: ``Qwen2VLImageProcessor`` (Qwen2.5-VL uses the same class), ``Glm4vImageProcessor``,
+``Idefics3ImageProcessor`` and ``SmolVLMImageProcessor`` for pixel values, grids and tile counts;
+``Qwen2VLProcessor``, ``Glm4vProcessor`` and ``Idefics3Processor`` for the prompt text (compared as token ids of a byte-level
 tokenizer, which round-trips any text). ``SmolVLMProcessor`` cannot be imported without
 torchvision (its video processor), so SmolVLM's prompt rule is taken from the functions of
 the installed ``processing_smolvlm.py``, compiled from its source on their own.
@@ -20,6 +20,8 @@ import pytest
 from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    Glm4vImageProcessor,
+    Glm4vProcessor,
     Idefics3ImageProcessor,
     Idefics3Processor,
     PreTrainedTokenizerFast,
@@ -46,6 +48,11 @@ QWEN_PRE = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "tempo
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
             "resample": 3, "image_processor_type": "Qwen2VLImageProcessor"}
 QWEN_VISION = {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
+# GLM-4.1V-9B-Thinking (AutoGLM-Phone-9B's base): bounds in size only, counted over 2 frames.
+GLM_PRE = {"size": {"shortest_edge": 12544, "longest_edge": 9633792}, "patch_size": 14, "temporal_patch_size": 2,
+           "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_resize": True, "do_rescale": True,
+           "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
+           "image_processor_type": "Glm4vImageProcessor"}
 # SmolVLM-256M-Instruct: 512-px tiles, 64 tokens each (32x32 patches / 4²).
 SMOLVLM_PRE = {"do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True,
                "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
@@ -179,6 +186,79 @@ def test_qwen_config_errors(tmp_path: Path) -> None:
         VisionBudget(min_pixels=10, max_pixels=5)
     with pytest.raises(ConfigError, match="max_pixels must be a positive integer"):
         VisionBudget(max_pixels=0)
+
+
+# --- GLM-4.1V ----------------------------------------------------------------------------------------
+
+GLM_CASES = [  # image kind, (width, height), budget
+    ("random", (224, 224), VisionBudget()),
+    ("screen", (1080, 2400), VisionBudget()),  # the checkpoint's own bounds
+    ("screen", (1080, 2400), VisionBudget(max_pixels=2 * 1024 * 28 * 28)),  # about 1,024 tokens
+    ("random", (37, 500), VisionBudget()),
+    ("random", (640, 480), VisionBudget(min_pixels=2 * 401_408, max_pixels=2 * 802_816)),
+    ("random", (30, 30), VisionBudget()),  # below shortest_edge: upscaled
+    ("screen", (1500, 10 * 28), VisionBudget(max_pixels=2 * 200_704)),
+]
+
+
+class _ImageOnlyGlm4vProcessor(Glm4vProcessor):
+    """Glm4vProcessor without its video processor (that one needs torchvision)."""
+
+    def check_argument_for_proper_class(self, argument_name, argument):  # noqa: ANN001, ANN201
+        if argument_name == "video_processor":
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+def _glm_size(budget: VisionBudget) -> dict:
+    size = dict(GLM_PRE["size"])
+    if budget.min_pixels is not None:
+        size["shortest_edge"] = budget.min_pixels
+    if budget.max_pixels is not None:
+        size["longest_edge"] = budget.max_pixels
+    return size
+
+
+@pytest.mark.parametrize("kind, size, budget", GLM_CASES)
+def test_glm_equals_transformers(tmp_path: Path, kind: str, size: tuple[int, int], budget: VisionBudget) -> None:
+    processor = image_processor(_folder(tmp_path, GLM_PRE), {"model_type": "glm4v", "vision_config": QWEN_VISION},
+                                budget)
+    image = _image(kind, *size)
+    ours = processor.process(image)
+    reference = Glm4vImageProcessor(**GLM_PRE)(images=[image], return_tensors="np", size=_glm_size(budget))
+    assert set(ours.feeds) == {"pixel_values", "image_grid_thw"}
+    np.testing.assert_allclose(ours.feeds["pixel_values"], reference["pixel_values"], rtol=0, atol=1e-5)
+    assert np.array_equal(ours.feeds["image_grid_thw"], reference["image_grid_thw"])
+    assert ours.num_tokens == int(reference["image_grid_thw"][0].prod()) // 4 == processor.num_tokens(*size)
+    assert ours.prompt_text == "<|image|>" * ours.num_tokens
+
+
+def test_glm_prompt_equals_the_processor(tmp_path: Path) -> None:
+    budget = VisionBudget(max_pixels=200_000)
+    processor = image_processor(_folder(tmp_path, GLM_PRE), {"model_type": "glm4v"}, budget)
+    images = [_image("random", 300, 200), _image("screen", 108, 240, seed=1)]
+    text = ("[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>What is this?"
+            "<|user|>\nAnd <|begin_of_image|><|image|><|end_of_image|> here?<|assistant|>\n")
+    ours = processor.expand(text, [processor.process(image) for image in images])
+    tokenizer = _byte_tokenizer(PreTrainedTokenizerFast, ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>",
+                                                          "<|video|>", "[gMASK]", "<sop>", "<|user|>",
+                                                          "<|assistant|>"])
+    reference = _ImageOnlyGlm4vProcessor(image_processor=Glm4vImageProcessor(**GLM_PRE), tokenizer=tokenizer,
+                                         video_processor=None)
+    expected = reference(images=images, text=text, images_kwargs={"size": _glm_size(budget)})
+    assert tokenizer(ours)["input_ids"] == expected["input_ids"][0]
+    assert ours.count("<|image|>") == sum(processor.process(image).num_tokens for image in images)
+
+
+def test_glm_refuses_a_side_shorter_than_a_merged_patch(tmp_path: Path) -> None:
+    """transformers raises ValueError for it; here it is the request's 400, naming the part."""
+    processor = image_processor(_folder(tmp_path, GLM_PRE), {"model_type": "glm4v"}, VisionBudget())
+    with pytest.raises(ValueError, match="must be larger than factor"):
+        Glm4vImageProcessor(**GLM_PRE)(images=[Image.new("RGB", (300, 20))], return_tensors="np")
+    with pytest.raises(InvalidInputError, match=r"^messages\[1\]: expected both sides at least 28 pixels, got 300x20"):
+        processor.process(Image.new("RGB", (300, 20)), "messages[1]")
+    with pytest.raises(InvalidInputError, match="at least 28 pixels"):
+        processor.num_tokens(300, 20)
 
 
 # --- Idefics3 / SmolVLM ----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class Oracle:
     def positions(self, ids: list[int], grids: list) -> np.ndarray:
         """Decoder position_ids of ``ids``: the family's own transformers ``get_rope_index`` (M-RoPE)."""
         import torch
+        from transformers.models.glm4v.modeling_glm4v import Glm4vModel
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
@@ -38,10 +39,13 @@ class Oracle:
         config = SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=self.vlm.spatial_merge_size,
                                                                tokens_per_second=vision.get("tokens_per_second", 2)),
                                  image_token_id=self.vlm.image_token_id, video_token_id=-5,
-                                 vision_start_token_id=self.vlm.vision_start_token_id)
+                                 vision_start_token_id=self.vlm.vision_start_token_id,
+                                 video_start_token_id=-6, video_end_token_id=-7)
         owner = SimpleNamespace(config=config)
         grid = torch.tensor(grids) if grids else None
-        if self.vlm.family == "qwen2_5_vl":
+        if self.vlm.family == "glm4v":
+            positions, _ = Glm4vModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None)
+        elif self.vlm.family == "qwen2_5_vl":
             positions, _ = Qwen2_5_VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None, None)
         else:
             positions, _ = Qwen2VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None)

@@ -10,7 +10,7 @@
 The decoder takes ``inputs_embeds`` instead of ``input_ids`` and otherwise
 follows the ``optimum`` decoder convention (``past_key_values.N.key/value`` →
 ``present.N.key/value``), so its KV layout is read as a text decoder's is
-(``generation.folder.describe_decoder``). Qwen2-VL and Qwen2.5-VL decoders take
+(``generation.folder.describe_decoder``). Qwen2-VL, Qwen2.5-VL and GLM-4.1V decoders take
 M-RoPE ``position_ids`` [3, batch, seq]; Idefics3 / SmolVLM ones [batch, seq].
 Which file of each part is loaded is a per-model setting (``[vision]
 precision``, see ``settings``).
@@ -32,7 +32,7 @@ from edge_runtime.generation.vision.settings import PARTS, VisionSettings
 
 ONNX_DIR = "onnx"
 FILE_STEMS = {"decoder": "decoder_model_merged", "embed_tokens": "embed_tokens", "vision_encoder": "vision_encoder"}
-MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "glm4v")
 FAMILIES = (*MROPE_FAMILIES, "idefics3", "smolvlm")
 
 
@@ -82,7 +82,7 @@ class VLMFolder:
     vision_path: Path
     precisions: Mapping[str, str]  # part -> precision loaded
     image_token_id: int
-    vision_start_token_id: int | None  # qwen families: the token before each image's tokens
+    vision_start_token_id: int | None  # M-RoPE families: the token before each image's tokens
     spatial_merge_size: int  # qwen families: vision patches merged per image token, per side
     mrope: bool  # decoder position_ids are [3, batch, seq]
     hidden_size: int
@@ -128,9 +128,10 @@ def read_vlm_folder(folder: Path, settings: VisionSettings | None = None) -> VLM
         raise ModelLoadError(f"{folder}: config.json has no integer image_token_id")
     mrope = family in MROPE_FAMILIES
     vision_config = config.get("vision_config") or {}
-    start = config.get("vision_start_token_id")
+    start_key = "image_start_token_id" if family == "glm4v" else "vision_start_token_id"
+    start = config.get(start_key)
     if mrope and not isinstance(start, int):
-        raise ModelLoadError(f"{folder}: config.json has no integer vision_start_token_id ({family} needs it)")
+        raise ModelLoadError(f"{folder}: config.json has no integer {start_key} ({family} needs it)")
     import onnx
 
     proto = onnx.load(str(decoder.model_path), load_external_data=False)

@@ -7,7 +7,7 @@ the same PIL resampling, then rescale and normalise through a per-channel lookup
 does transformers' float arithmetic on each of the 256 byte values, so ``pixel_values`` are
 bit-equal, at the cost of one gather per channel.
 
-Families: ``qwen2_vl`` / ``qwen2_5_vl`` (:mod:`.qwen_preprocess`), ``idefics3`` / ``smolvlm``
+Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``glm4v`` (:mod:`.qwen_preprocess`), ``idefics3`` / ``smolvlm``
 (:mod:`.idefics_preprocess`).
 """
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
-FAMILIES = QWEN_FAMILIES + IDEFICS_FAMILIES
+FAMILIES = QWEN_FAMILIES + IDEFICS_FAMILIES + ("glm4v",)
 
 # transformers writes PILImageResampling as its int value; names are accepted too.
 _RESAMPLE_NAMES = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
@@ -165,6 +165,10 @@ def image_processor(folder: Path, config: Mapping[str, Any], budget: VisionBudge
         from edge_runtime.generation.vision.qwen_preprocess import QwenImageProcessor
 
         return QwenImageProcessor(family, pre, config, budget)
+    if family == "glm4v":
+        from edge_runtime.generation.vision.qwen_preprocess import GlmImageProcessor
+
+        return GlmImageProcessor(family, pre, config, budget)
     if family in IDEFICS_FAMILIES:
         from edge_runtime.generation.vision.idefics_preprocess import IdeficsImageProcessor
 

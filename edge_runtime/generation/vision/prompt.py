@@ -96,8 +96,8 @@ class VisionPrompter:
         self.access = access
         self.max_images = max_images
         marker = processor.placeholder
-        if vlm.mrope:  # the Qwen templates wrap each image's placeholder in vision start/end tokens
-            end = vlm.config.get("vision_end_token_id")
+        if vlm.mrope:  # the Qwen and GLM templates wrap each image's placeholder in start/end tokens
+            end = vlm.config.get("vision_end_token_id", vlm.config.get("image_end_token_id"))
             marker = (tokenizer.token_text(vlm.vision_start_token_id) + marker
                       + (tokenizer.token_text(end) if isinstance(end, int) else ""))
         self.image_marker = marker  # what one image is in a plain prompt without placeholders

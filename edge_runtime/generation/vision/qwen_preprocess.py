@@ -1,10 +1,16 @@
-"""Qwen2-VL / Qwen2.5-VL preprocessing, equal to transformers' ``Qwen2VLImageProcessor`` (slow path).
+"""Qwen2-VL / Qwen2.5-VL and GLM-4.1V preprocessing, equal to transformers' ``Qwen2VLImageProcessor`` and
+``Glm4vImageProcessor`` (slow paths).
 
 One image is resized (``smart_resize``: sides multiples of patch*merge, area within
 [min_pixels, max_pixels]), rescaled and normalised, repeated ``temporal_patch_size`` times
 (a still image is a video of identical frames), and cut into patches flattened in the
 order the vision encoder expects: rows grouped by merge window, each row
 ``[C, T, patch, patch]``. Its prompt text is ``<|image_pad|>`` once per merged patch.
+
+GLM-4.1V's processor is the same but for its resize bounds and placeholder: ``smart_resize`` counts
+a still image as its ``temporal_patch_size`` frames against ``min_pixels`` / ``max_pixels`` (its
+``size.shortest_edge`` / ``longest_edge``), refuses sides shorter than ``patch * merge``, and the
+prompt text is ``<|image|>`` once per merged patch.
 """
 
 from __future__ import annotations
@@ -59,10 +65,33 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def glm_smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int,
+                     where: str = "image") -> tuple[int, int]:
+    """GLM-4.1V's ``smart_resize`` for a still image (``frames`` = temporal_patch_size copies of it): the
+    area bounds apply to frames x height x width, and a side shorter than ``factor`` is refused."""
+    if height < factor or width < factor:
+        raise InvalidInputError(f"{where}: expected both sides at least {factor} pixels, got {width}x{height}")
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise InvalidInputError(f"{where}: expected an aspect ratio of at most {MAX_ASPECT_RATIO}, got "
+                                f"{width}x{height} ({max(height, width) / min(height, width):.1f})")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if frames * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif frames * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 class QwenImageProcessor(ImageProcessor):
     """``qwen2_vl`` (grid feed ``grid_thw``) and ``qwen2_5_vl`` (grid feed ``image_grid_thw``)."""
 
     placeholder = "<|image_pad|>"
+    default_min_pixels, default_max_pixels = DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS
 
     def __init__(self, family: str, pre: Mapping[str, Any], config: Mapping[str, Any],
                  budget: VisionBudget) -> None:
@@ -81,9 +110,9 @@ class QwenImageProcessor(ImageProcessor):
         size = pre.get("size") if isinstance(pre.get("size"), Mapping) else {}
         # min_pixels/max_pixels win over size{shortest_edge,longest_edge}, as in transformers.
         self.min_pixels = _first(budget.min_pixels, pre.get("min_pixels"), size.get("shortest_edge"),
-                                 DEFAULT_MIN_PIXELS)
+                                 self.default_min_pixels)
         self.max_pixels = _first(budget.max_pixels, pre.get("max_pixels"), size.get("longest_edge"),
-                                 DEFAULT_MAX_PIXELS)
+                                 self.default_max_pixels)
         if self.min_pixels > self.max_pixels:
             raise ConfigError(f"[vision] min_pixels {self.min_pixels} > max_pixels {self.max_pixels} "
                               "(the budget and preprocessor_config.json together)")
@@ -102,8 +131,11 @@ class QwenImageProcessor(ImageProcessor):
                 raise InvalidInputError(f"{where}: expected sides that are multiples of {self.factor} "
                                         f"(do_resize is off), got {width}x{height}")
             return width, height
-        resized_h, resized_w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels, where)
+        resized_h, resized_w = self.smart_resize(height, width, where)
         return resized_w, resized_h
+
+    def smart_resize(self, height: int, width: int, where: str) -> tuple[int, int]:
+        return smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels, where)
 
     def num_tokens(self, width: int, height: int) -> int:
         """Image tokens an image of this size costs (without decoding it)."""
@@ -132,6 +164,18 @@ class QwenImageProcessor(ImageProcessor):
             feeds={"pixel_values": patches.reshape(num_patches, 3 * t * p * p),
                    self.grid_name: np.array([[1, grid_h, grid_w]], dtype=np.int64)},
             num_tokens=tokens, grid_thw=(1, grid_h, grid_w), prompt_text=self.placeholder * tokens)
+
+
+class GlmImageProcessor(QwenImageProcessor):
+    """``glm4v`` (grid feed ``image_grid_thw``): Qwen2-VL's patches, GLM's bounds and placeholder."""
+
+    placeholder = "<|image|>"
+    # Glm4vImageProcessor's default size: shortest_edge 112*112, longest_edge 28*28*15000
+    default_min_pixels, default_max_pixels = 112 * 112, 28 * 28 * 15000
+
+    def smart_resize(self, height: int, width: int, where: str) -> tuple[int, int]:
+        return glm_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
+                                self.temporal_patch_size, where)
 
 
 def _first(*values: Any) -> int:
