@@ -358,7 +358,9 @@ class _Decoder:
         rotary channels come in ``mrope_section`` chunks (twice over, for both halves) taking their
         angle from axis 0, 1, 2, 0, 1, 2. One MatMul of the positions with a [3, head_dim] matrix that
         holds each channel's frequency in its axis's row (zeros elsewhere) gives every angle: the
-        same single float32 product as transformers' ``inv_freq @ position_ids``, so no table bounds."""
+        same single float32 product as transformers' ``inv_freq @ position_ids``, so no table bounds.
+        GLM-4.1V (``rotary_interleaved``): frequency i of the ``rotary_dim`` rotated channels takes its axis
+        from ``mrope_section`` over the first half and turns channels 2i and 2i + 1."""
         g, d = self.g, self.s.rotated_dim
         inv_freq = (1.0 / (np.float32(self.s.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))))
         if self.s.rotary_interleaved:  # GLM: frequency i's section by the first half, on channels 2i and 2i + 1

@@ -5,7 +5,10 @@
 ``onnx.helper`` (no torch): the config is the ``config.json`` of the
 ``*ForConditionalGeneration`` model, the weights are named as its ``model.safetensors``
 names them (the legacy ``visual.*`` / ``model.*`` names transformers saves for Qwen2-VL,
-or the newer ``model.visual.*`` / ``model.language_model.*``; both are accepted).
+or the newer ``model.visual.*`` / ``model.language_model.*``; both are accepted). Families:
+Qwen2-VL, Qwen2.5-VL, Idefics3, SmolVLM and GLM-4.1V (``glm4v``: ``vision_graphs_glm4v`` and the
+decoder with GLM-4's partial interleaved rotary and post-norms, its fused ``gate_up_proj`` read
+as two halves).
 ``save_parts`` writes them as ``onnx/<part>.onnx`` (+ ``_fp16``). Used by ``vlm_zoo``
 (random weights) and by the converter (a checkpoint's weights): both write the same graphs.
 """

@@ -24,7 +24,10 @@ pytest.importorskip("transformers")
 SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
          "smolvlm": VLMSpec(family="smolvlm", seed=2),
          "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3),
-         "glm4v": VLMSpec(family="glm4v", seed=4)}
+         "glm4v": VLMSpec(family="glm4v", seed=4, image_size=112)}
+# GLM-4.1V-9B's head geometry: 128 channels, 64 rotated as mrope [8, 12, 12]; vision heads of 128; a 24x24 table
+GLM_REAL_HEADS = VLMSpec(family="glm4v", seed=5, hidden=256, heads=2, kv_heads=1, intermediate=256, vision_dim=256,
+                         vision_heads=2, image_size=336)
 QWEN = SPECS["qwen2_vl"]
 PARTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 
@@ -383,3 +386,29 @@ def test_legacy_flat_config_bf16_shards_convert(qwen_checkpoint: Path, tmp_path:
     expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
     assert onnx_greedy("qwen2_vl", folder, model, inputs, 12) == expected
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == QWEN.layers
+
+
+def test_glm_at_its_real_head_geometry_equals_transformers(tmp_path_factory, tmp_path: Path) -> None:
+    """GLM-4.1V-9B's head sizes (text heads of 128 channels, half rotated, M-RoPE [8, 12, 12]; vision heads
+    of 128) and its 24x24 position table, at two layers: vision features and greedy tokens equal
+    transformers'."""
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    hf = checkpoint(GLM_REAL_HEADS, vlm_root(tmp_path_factory))
+    config = json.loads((hf / "config.json").read_text())
+    assert config["text_config"]["rope_scaling"]["mrope_section"] == [8, 12, 12]
+    folder = convert_vlm_folder(hf, tmp_path / "glm")
+    model = load_model(hf)
+    inputs = model_inputs("glm4v", folder, sample_image(140, 308, seed=2), "tap the search field")
+    ours = session(folder, "vision_encoder").run(None, vision_feeds("glm4v", inputs))[0]
+    with torch.no_grad():
+        theirs = model.model.get_image_features(torch.from_numpy(inputs["pixel_values"]),
+                                                torch.from_numpy(inputs["image_grid_thw"]))
+        generated = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=12,
+                                   do_sample=False)
+    theirs = torch.cat(theirs).numpy()
+    # float32 sums in another order: features of magnitude ~30 at these widths differ by ~1e-4 of that
+    np.testing.assert_allclose(ours, theirs, atol=1e-4 * np.abs(theirs).max(), rtol=1e-4)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    assert onnx_greedy("glm4v", folder, model, inputs, 12) == expected
+    assert len(set(expected)) > 3

@@ -42,7 +42,7 @@ class VLMSpec:
     vision_depth: int = 2
     vision_dim: int = 32
     vision_heads: int = 4
-    image_size: int = 32          # idefics3/smolvlm: the tile side
+    image_size: int = 32          # idefics3/smolvlm: the tile side; glm4v: the position table's (x 14)
     longest_edge: int = 64        # idefics3/smolvlm: resize target before splitting
     split: bool = True            # idefics3/smolvlm: do_image_splitting
     seed: int = 0
@@ -103,17 +103,24 @@ def _qwen_model(spec: VLMSpec, ids: dict[str, int]):
 
 def _glm_model(spec: VLMSpec, ids: dict[str, int]):
     """GLM-4.1V's architecture at a tiny size: half the head's channels rotated (partial_rotary_factor
-    0.5, interleaved M-RoPE), an 8x8 learned position table interpolated to each image's grid."""
+    0.5, interleaved M-RoPE split over t/h/w as GLM's [8, 12, 12] is), a learned position table of
+    (image_size / 14)² entries interpolated to each image's grid."""
     import transformers
 
+    from edge_runtime.vlm_zoo import glm_mrope_section
+
+    if spec.image_size % 14:
+        raise ValueError(f"glm4v: image_size {spec.image_size} is not a multiple of the 14-px patch")
     text = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                 num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
                 max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-                partial_rotary_factor=0.5, rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]},
+                partial_rotary_factor=0.5, rope_scaling={"rope_type": "default", "mrope_section": list(
+                    glm_mrope_section(spec.hidden // spec.heads // 4))},
                 eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]],
                 pad_token_id=ids["<|endoftext|>"])
     vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_dim, num_heads=spec.vision_heads,
-                  out_hidden_size=spec.hidden, intermediate_size=2 * spec.hidden, image_size=112, patch_size=14,
+                  out_hidden_size=spec.hidden, intermediate_size=2 * spec.hidden, image_size=spec.image_size,
+                  patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2, rms_norm_eps=1e-5)
     config = transformers.Glm4vConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],

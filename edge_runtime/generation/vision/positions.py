@@ -1,4 +1,4 @@
-"""M-RoPE position ids of Qwen2-VL / Qwen2.5-VL prompts, and the per-sequence offset carried into decode.
+"""M-RoPE position ids of Qwen2-VL / Qwen2.5-VL / GLM-4.1V prompts, and the offset carried into decode.
 
 The decoder of these models rotates each query/key by three position ids
 (temporal, height, width) instead of one. ``mrope_positions`` computes them as
@@ -16,7 +16,9 @@ of text and images (no video):
   cache index ``past_len`` has position ``past_len + rope_delta`` on all three
   rows.
 
-Like transformers, the image count is the number of ``vision_start_token_id``
+GLM-4.1V's ``get_rope_index`` gives images the same positions (it finds each image as a run of
+image tokens; its prompts open each run with ``image_start_token_id``, passed here as the start
+token). Like transformers' Qwen2-VL, the image count is the number of ``vision_start_token_id``
 tokens immediately followed by ``image_token_id``; images beyond the given
 grids, or grids beyond the images, are an error here (transformers would index
 out of range or silently ignore them). Pure numpy, no model needed.
