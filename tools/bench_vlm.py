@@ -1,7 +1,10 @@
 """Benchmark: a phone-agent episode on a vision-language model, edge-runtime against transformers (PyTorch, CPU).
 
 Model: a Qwen2-VL with random weights built with ``transformers`` (vision depth 8,
-width 384; text hidden 512, 8 layers, GQA 8/2, vocab 4096), saved as a checkpoint
+width 384; text hidden 512, 8 layers, GQA 8/2, vocab 4096), or with ``--family glm4v`` a
+GLM-4.1V (AutoGLM-Phone's architecture) of the same sizes (half of each text head rotated,
+a 24x24 position table; its image bounds count two frames, so the budgets are doubled
+to give the same image tokens), saved as a checkpoint
 and converted by ``edge_runtime.vision_convert`` (``edge-runtime convert``) into the
 transformers.js layout, so both sides run the same weights; the vision encoder with the
 converter's default fused attention (ONNX Runtime's MultiHeadAttention, flash attention
@@ -40,8 +43,8 @@ Rounds interleave the sides step by step; each figure is the best of its rounds.
 Goals (issue 22): time to first token <= 0.5x transformers' at every step; steps 2-5
 prefill only their new tokens (prefix-cache hits). Prints JSON, writes a PNG.
 
-Usage: ``python tools/bench_vlm.py [--quick] [--threads 2] [--rounds 2] [--precision PART=NAME,...]
-[--keep-images 1] [--out bench-results/vlm]``
+Usage: ``python tools/bench_vlm.py [--family qwen2_vl|glm4v] [--quick] [--threads 2] [--rounds 2]
+[--precision PART=NAME,...] [--keep-images 1] [--out bench-results/vlm]``
 """
 
 from __future__ import annotations
@@ -67,43 +70,74 @@ TEXT = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key
 VISION = dict(depth=8, embed_dim=384, num_heads=6, mlp_ratio=4, hidden_size=512)
 VOCAB = 4096
 BUDGETS = {"256": 256 * 28 * 28, "1024": 1024 * 28 * 28}
+# GLM's max_pixels bounds temporal_patch_size x height x width: twice the pixels of a still image
+PIXEL_SCALE = {"qwen2_vl": 1, "glm4v": 2}
+PLACEHOLDER = {"qwen2_vl": "<|image_pad|>", "glm4v": "<|image|>"}
 STEP_TEXT = ["Open the settings app.", "Go to the network settings.", "Turn on Wi-Fi.",
              "Pick the network named home.", "Confirm and go back."]
 ANSWER = "do(action=\"Tap\", element=[540, 1200])"
 
 
-def build_folders(root: Path, quick: bool) -> tuple[Path, Path]:
+def _model(family: str, depth: int, ids: dict[str, int]) -> Any:
+    """The random-weight transformers model of ``family`` at the benchmark's sizes."""
+    import transformers
+
+    if family == "glm4v":
+        from edge_runtime.vlm_zoo import glm_mrope_section
+
+        head = TEXT["hidden_size"] // TEXT["num_attention_heads"]
+        text = {**TEXT, "vocab_size": VOCAB, "tie_word_embeddings": False, "partial_rotary_factor": 0.5,
+                "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]],
+                "rope_scaling": {"rope_type": "default", "mrope_section": list(glm_mrope_section(head // 4))}}
+        vision = dict(depth=depth, hidden_size=VISION["embed_dim"], num_heads=VISION["num_heads"],
+                      out_hidden_size=TEXT["hidden_size"], intermediate_size=TEXT["intermediate_size"],
+                      image_size=336, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+        config = transformers.Glm4vConfig(
+            text_config=text, vision_config=vision, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+            image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+            video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
+            tie_word_embeddings=False)
+        return transformers.Glm4vForConditionalGeneration(config).eval()
+    text = {**TEXT, "vocab_size": VOCAB, "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config={**VISION, "depth": depth},
+                                        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                                        vision_start_token_id=ids["<|vision_start|>"],
+                                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
+def build_folders(root: Path, quick: bool, family: str = "qwen2_vl") -> tuple[Path, Path]:
     """(transformers checkpoint, converted transformers.js folder), built once under ``root``."""
     import torch
     import transformers
 
     from edge_runtime.vision_convert import convert_vlm_folder
-    from edge_runtime.vlm_files import qwen_preprocessor_config, write_vlm_text_files
+    from edge_runtime.vlm_files import glm_preprocessor_config, qwen_preprocessor_config, write_vlm_text_files
 
     tag = "quick" if quick else "full"
     # "-fused-gqa-ltk": a folder cached by an earlier converter (portable attention, unfused decoder, no
     # logits_to_keep) is not reused
-    hf, onnx_folder = root / f"hf-qwen2vl-{tag}", root / f"onnx-qwen2vl-{tag}-fused-gqa-ltk"
+    name = family.replace("_", "")
+    hf, onnx_folder = root / f"hf-{name}-{tag}", root / f"onnx-{name}-{tag}-fused-gqa-ltk"
     if not (hf / "done").is_file():
         shutil.rmtree(hf, ignore_errors=True)
         hf.mkdir(parents=True)
-        ids = write_vlm_text_files(hf, "qwen2_vl", VOCAB, 0)
-        text = {**TEXT, "vocab_size": VOCAB, "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
-        vision = {**VISION, "depth": 2 if quick else VISION["depth"]}
-        config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision,
-                                            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                                            vision_start_token_id=ids["<|vision_start|>"],
-                                            vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+        ids = write_vlm_text_files(hf, family, VOCAB, 0)
         torch.manual_seed(0)
-        model = transformers.Qwen2VLForConditionalGeneration(config).eval()
+        model = _model(family, 2 if quick else VISION["depth"], ids)
         with torch.no_grad():  # larger than the 0.02 init, so greedy answers vary with the image
-            for name, p in model.named_parameters():
-                if p.ndim > 1 and "norm" not in name:
+            for param_name, p in model.named_parameters():
+                if p.ndim > 1 and "norm" not in param_name:
                     p.normal_(0, 0.05)
         model.save_pretrained(hf)
-        (hf / "preprocessor_config.json").write_text(json.dumps(qwen_preprocessor_config(
-            "qwen2_vl", 56 * 56, max(BUDGETS.values())), indent=2))
-        transformers.GenerationConfig(eos_token_id=[ids["<|im_end|>"]], do_sample=False).save_pretrained(hf)
+        if family == "glm4v":
+            processor = glm_preprocessor_config(2 * 56 * 56, PIXEL_SCALE[family] * max(BUDGETS.values()))
+            eos = model.config.text_config.eos_token_id
+        else:
+            processor = qwen_preprocessor_config("qwen2_vl", 56 * 56, max(BUDGETS.values()))
+            eos = [ids["<|im_end|>"]]
+        (hf / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+        transformers.GenerationConfig(eos_token_id=eos, do_sample=False).save_pretrained(hf)
         (hf / "done").write_text("ok")
     if not (onnx_folder / "onnx" / "decoder_model_merged.onnx").is_file():
         shutil.rmtree(onnx_folder, ignore_errors=True)
@@ -175,12 +209,19 @@ def messages(step: int, system: str, shots: list[Any], keep: int = 1) -> list[di
 class Transformers:
     """The transformers side: slow image processor, chat template, generate (the oracle's setup)."""
 
-    def __init__(self, hf: Path, max_pixels: int) -> None:
+    def __init__(self, hf: Path, max_pixels: int, family: str = "qwen2_vl") -> None:
         import transformers
 
-        self.model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(hf, torch_dtype="float32").eval()
+        self.placeholder = PLACEHOLDER[family]
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
-        self.images = transformers.Qwen2VLImageProcessor.from_pretrained(hf, max_pixels=max_pixels)
+        if family == "glm4v":
+            self.model = transformers.Glm4vForConditionalGeneration.from_pretrained(hf, torch_dtype="float32").eval()
+            processor = transformers.Glm4vImageProcessor.from_pretrained(hf)
+            self.images = transformers.Glm4vImageProcessor.from_pretrained(
+                hf, size={**processor.size, "longest_edge": PIXEL_SCALE[family] * max_pixels})
+        else:
+            self.model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(hf, torch_dtype="float32").eval()
+            self.images = transformers.Qwen2VLImageProcessor.from_pretrained(hf, max_pixels=max_pixels)
 
     def step(self, turns: list[dict[str, Any]], new_tokens: int) -> dict[str, float]:
         import torch
@@ -192,10 +233,10 @@ class Transformers:
         shaped = [{**t, "content": [{"type": "image"} if p["type"] == "image" else p for p in t["content"]]}
                   if isinstance(t["content"], list) else t for t in turns]
         text = self.tokenizer.apply_chat_template(shaped, tokenize=False, add_generation_prompt=True)
-        parts = text.split("<|image_pad|>")  # each image's pad repeated to its own token count
+        parts = text.split(self.placeholder)  # each image's pad repeated to its own token count
         counts = [int(grid.prod()) // 4 for grid in pixels["image_grid_thw"]]
-        text = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:]))
-        ids = self.tokenizer(text, return_tensors="pt")
+        text = parts[0] + "".join(self.placeholder * n + part for n, part in zip(counts, parts[1:]))
+        ids = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
         prepared = time.perf_counter()
         inputs = dict(**ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
         stamps = TokenTimes()
@@ -266,16 +307,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    hf, folder = build_folders(Path(args.models), args.quick)
+    hf, folder = build_folders(Path(args.models), args.quick, args.family)
     quantized = parse_precision(args.precision) if args.precision else None
     if quantized:
         add_quantized_parts(folder)
     system, steps = system_prompt(120 if args.quick else 550), 2 if args.quick else 5
-    report: dict[str, Any] = {"threads": args.threads, "new_tokens": args.new_tokens, "keep_images": args.keep_images,
+    report: dict[str, Any] = {"family": args.family, "threads": args.threads, "new_tokens": args.new_tokens,
+                              "keep_images": args.keep_images,
                               "quantized_precision": quantized, "budgets": {}}
     sides = {"edge_runtime": {}, **({"edge_runtime_quantized": quantized} if quantized else {})}
     for label, max_pixels in BUDGETS.items():
-        hf_side = Transformers(hf, max_pixels)
+        hf_side = Transformers(hf, max_pixels, args.family)
+        max_pixels *= PIXEL_SCALE[args.family]  # edge-runtime's [vision] max_pixels means what the processor's does
         # the episode's steps, the next episode's first step on the same (warm) models, then one more
         # episode's first step on models loaded anew (a restarted daemon: its prefix cache on disk)
         timings: dict[str, list[list[dict[str, float]]]] = {side: [[] for _ in range(steps + 2)]
@@ -356,6 +399,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=sorted(PIXEL_SCALE), default="qwen2_vl")
     parser.add_argument("--quick", action="store_true", help="vision depth 2, 2 steps, a short system prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)

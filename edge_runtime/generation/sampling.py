@@ -224,12 +224,20 @@ class StopMatcher:
         self._pending = ""
         self.stopped = False
 
-    def feed(self, text: str) -> str:
-        """The text safe to emit now; sets ``stopped`` (and drops the rest) once a stop string appears."""
+    def feed(self, text: str, match: bool = True) -> str:
+        """The text safe to emit now; sets ``stopped`` (and drops the rest) once a stop string appears.
+
+        ``match`` False (before ``min_tokens``): the text is held back as usual but no stop string ends
+        in it. As in vLLM, a stop string counts when it ends in text fed with ``match``, wherever it
+        starts: one that straddles the ``min_tokens`` boundary cuts the answer at its start."""
         if not self.stops:
             return text
+        start = len(self._pending)
         self._pending += text
-        cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        # only occurrences that end in the new text: earlier ones were looked for already, or were fed
+        # before matching began
+        found = (self._pending.find(s, max(0, start - len(s) + 1)) for s in self.stops) if match else ()
+        cut = min((i for i in found if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
             out, self._pending = self._pending[:cut], ""

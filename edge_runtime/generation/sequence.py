@@ -171,8 +171,8 @@ class Sequence:
             if len(self.generated) >= self.max_new:
                 text += self.detokenizer.flush()
                 reason = "length"
-        if len(self.generated) > self.params.min_tokens:  # stop strings count from min_tokens on, as in vLLM
-            text = self.stops.feed(text)
+        # stop strings count once min_tokens are out (vLLM's rule; one may start in earlier, held-back text)
+        text = self.stops.feed(text, match=len(self.generated) > self.params.min_tokens)
         if self.stops.stopped:
             reason = "stop"
         elif reason is not None:

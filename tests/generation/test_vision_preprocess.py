@@ -101,14 +101,17 @@ def _byte_tokenizer(cls: type, specials: list[str]) -> PreTrainedTokenizerFast:
     return fast
 
 
-class _ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-    """Qwen2VLProcessor without its video processor (that one needs torchvision); images and
-    text go through transformers' own code."""
+def _image_only(processor_class: type) -> type:
+    """``processor_class`` (Qwen2VLProcessor, Glm4vProcessor) without its video processor (that one needs
+    torchvision); images and text go through transformers' own code."""
 
-    def check_argument_for_proper_class(self, argument_name, argument):  # noqa: ANN001, ANN201
-        if argument_name == "video_processor":
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
+    class ImageOnly(processor_class):
+        def check_argument_for_proper_class(self, argument_name, argument):  # noqa: ANN001, ANN201
+            if argument_name == "video_processor":
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return ImageOnly
 
 
 # --- Qwen2-VL / Qwen2.5-VL -------------------------------------------------------------------------
@@ -151,22 +154,6 @@ def test_qwen_equals_transformers(tmp_path: Path, family: str, kind: str, size: 
         assert ours.num_tokens == 3354  # the issue's figure for a screenshot at Qwen2-VL's default
 
 
-def test_qwen_prompt_equals_the_processor(tmp_path: Path) -> None:
-    budget = VisionBudget(max_pixels=100_000)
-    processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, budget)
-    images = [_image("random", 300, 200), _image("screen", 108, 240, seed=1)]
-    text = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
-            "<|im_start|>user\nAnd <|vision_start|><|image_pad|><|vision_end|> here?<|im_end|>\n")
-    ours = processor.expand(text, [processor.process(image) for image in images])
-    tokenizer = _byte_tokenizer(Qwen2TokenizerFast, ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
-                                                     "<|video_pad|>", "<|im_start|>", "<|im_end|>"])
-    reference = _ImageOnlyQwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**QWEN_PRE, **{}),
-                                           tokenizer=tokenizer, video_processor=None)
-    expected = reference(images=images, text=text, images_kwargs={"max_pixels": 100_000})
-    assert tokenizer(ours)["input_ids"] == expected["input_ids"][0]
-    assert tokenizer.decode(expected["input_ids"][0]) == ours
-
-
 def test_qwen_rejects_extreme_aspect_ratio(tmp_path: Path) -> None:
     processor = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
     with pytest.raises(InvalidInputError,
@@ -201,15 +188,6 @@ GLM_CASES = [  # image kind, (width, height), budget
 ]
 
 
-class _ImageOnlyGlm4vProcessor(Glm4vProcessor):
-    """Glm4vProcessor without its video processor (that one needs torchvision)."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):  # noqa: ANN001, ANN201
-        if argument_name == "video_processor":
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
 def _glm_size(budget: VisionBudget) -> dict:
     size = dict(GLM_PRE["size"])
     if budget.min_pixels is not None:
@@ -233,21 +211,39 @@ def test_glm_equals_transformers(tmp_path: Path, kind: str, size: tuple[int, int
     assert ours.prompt_text == "<|image|>" * ours.num_tokens
 
 
-def test_glm_prompt_equals_the_processor(tmp_path: Path) -> None:
-    budget = VisionBudget(max_pixels=200_000)
-    processor = image_processor(_folder(tmp_path, GLM_PRE), {"model_type": "glm4v"}, budget)
+PROMPT_CASES = {  # family: (preprocessor_config, two user turns with an image each, special tokens)
+    "qwen2_vl": (QWEN_PRE, "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
+                 "<|im_start|>user\nAnd <|vision_start|><|image_pad|><|vision_end|> here?<|im_end|>\n",
+                 ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>", "<|im_start|>",
+                  "<|im_end|>"]),
+    "glm4v": (GLM_PRE, "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>What is this?"
+              "<|user|>\nAnd <|begin_of_image|><|image|><|end_of_image|> here?<|assistant|>\n",
+              ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>", "<|video|>", "[gMASK]", "<sop>", "<|user|>",
+               "<|assistant|>"]),
+}
+
+
+@pytest.mark.parametrize("family", sorted(PROMPT_CASES))
+def test_prompt_equals_the_processor(tmp_path: Path, family: str) -> None:
+    """Qwen2VLProcessor / Glm4vProcessor expand each image's placeholder to its token count."""
+    pre, text, specials = PROMPT_CASES[family]
+    budget = VisionBudget(max_pixels=100_000 if family == "qwen2_vl" else 200_000)
+    processor = image_processor(_folder(tmp_path, pre), {"model_type": family}, budget)
     images = [_image("random", 300, 200), _image("screen", 108, 240, seed=1)]
-    text = ("[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>What is this?"
-            "<|user|>\nAnd <|begin_of_image|><|image|><|end_of_image|> here?<|assistant|>\n")
     ours = processor.expand(text, [processor.process(image) for image in images])
-    tokenizer = _byte_tokenizer(PreTrainedTokenizerFast, ["<|begin_of_image|>", "<|image|>", "<|end_of_image|>",
-                                                          "<|video|>", "[gMASK]", "<sop>", "<|user|>",
-                                                          "<|assistant|>"])
-    reference = _ImageOnlyGlm4vProcessor(image_processor=Glm4vImageProcessor(**GLM_PRE), tokenizer=tokenizer,
-                                         video_processor=None)
-    expected = reference(images=images, text=text, images_kwargs={"size": _glm_size(budget)})
+    if family == "glm4v":
+        tokenizer = _byte_tokenizer(PreTrainedTokenizerFast, specials)
+        reference = _image_only(Glm4vProcessor)(image_processor=Glm4vImageProcessor(**GLM_PRE), tokenizer=tokenizer,
+                                                video_processor=None)
+        expected = reference(images=images, text=text, images_kwargs={"size": _glm_size(budget)})
+    else:
+        tokenizer = _byte_tokenizer(Qwen2TokenizerFast, specials)
+        reference = _image_only(Qwen2VLProcessor)(image_processor=Qwen2VLImageProcessor(**QWEN_PRE),
+                                                  tokenizer=tokenizer, video_processor=None)
+        expected = reference(images=images, text=text, images_kwargs={"max_pixels": 100_000})
     assert tokenizer(ours)["input_ids"] == expected["input_ids"][0]
-    assert ours.count("<|image|>") == sum(processor.process(image).num_tokens for image in images)
+    assert tokenizer.decode(expected["input_ids"][0]) == ours
+    assert ours.count(processor.placeholder) == sum(processor.process(image).num_tokens for image in images)
 
 
 def test_glm_refuses_a_side_shorter_than_a_merged_patch(tmp_path: Path) -> None:
