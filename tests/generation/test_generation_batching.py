@@ -227,6 +227,34 @@ def test_stop_token_ids_and_min_tokens_follow_the_greedy_answer(qwen_folder: Pat
         model.generate(PROMPTS[1], max_tokens=4, stop_token_ids=[model.folder.vocab_size])
 
 
+def test_a_stop_string_straddling_min_tokens_ends_the_answer_at_its_start(qwen_folder: Path, model_factory) -> None:
+    """vLLM's rule: stop strings are looked for once min_tokens are out, in the new text and the
+    len(stop) - 1 characters before it, so one that starts in the last of the min_tokens tokens and
+    ends in the next cuts the answer at its start (vllm/v1/engine/detokenizer.py, check_stop_strings)."""
+    from edge_runtime.generation.sampling import StopMatcher
+
+    model = model_factory(qwen_folder)
+    greedy = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True)
+    texts = [model.generate(PROMPTS[1], max_tokens=k, ignore_eos=True).text for k in range(1, 25)]
+    # the first m whose m-th and (m+1)-th tokens both add text: the stop string is their joint
+    m = next(k for k in range(1, 23) if len(texts[k - 1]) > len(texts[k - 2] if k > 1 else "") and
+             len(texts[k]) > len(texts[k - 1]))
+    boundary = len(texts[m - 1])
+    stop = greedy.text[boundary - 1:boundary + 1]
+    first = greedy.text.find(stop, boundary - 1)  # vLLM's first match that ends after the boundary
+    cut = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, stop=[stop], min_tokens=m)
+    assert cut.finish_reason == "stop" and cut.text == greedy.text[:first]
+    # streamed: the same cut, and nothing of the stop string went out before it was known
+    streamed = "".join(c.text for c in model.iter_chunks(PROMPTS[1], max_tokens=24, ignore_eos=True, stop=[stop],
+                                                         min_tokens=m))
+    assert streamed == cut.text
+    # one that ended before min_tokens does not count later, even while its tail is held back
+    matcher = StopMatcher(("aba", "ab"))
+    assert matcher.feed("xab", match=False) == "x" and matcher.feed("y") == "aby" and not matcher.stopped
+    matcher = StopMatcher(("abc",))
+    assert matcher.feed("xab", match=False) == "x" and matcher.feed("cd") == "" and matcher.stopped
+
+
 def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_folder: Path, model_factory) -> None:
     from edge_runtime.generation.model import sampling_params
 
