@@ -62,6 +62,15 @@ def _qwen_towers(family: str) -> tuple[onnx.ModelProto, onnx.ModelProto, int, st
         weights = _qwen_vision_weights(spec, rng)
         build = lambda fused: build_qwen2_vl_vision(spec, weights, fused=fused)  # noqa: E731
         grid_name = "grid_thw"
+    elif family == "glm4v":  # its position table resampled to every grid, in both forms
+        from edge_runtime.vision_graphs_glm4v import GlmVisionSpec, build_glm4v_vision
+        from edge_runtime.vlm_parts import vision_weights
+        from edge_runtime.vlm_zoo import _glm_vision_weights
+
+        spec = GlmVisionSpec(depth=3)
+        weights = vision_weights("glm4v", _glm_vision_weights(spec, rng))
+        build = lambda fused: build_glm4v_vision(spec, weights, fused=fused)  # noqa: E731
+        grid_name = "image_grid_thw"
     else:
         from edge_runtime.vision_graphs_qwen25 import (Qwen25VisionSpec, build_qwen2_5_vl_vision,
                                                        random_qwen25_vision_weights)
@@ -78,7 +87,7 @@ def _qwen_towers(family: str) -> tuple[onnx.ModelProto, onnx.ModelProto, int, st
 GRIDS = [[[1, 8, 12]], [[1, 8, 12], [1, 4, 6]], [[2, 6, 4]], [[1, 2, 2]]]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "glm4v"])
 def test_fused_qwen_tower_equals_portable(family: str) -> None:
     fused, portable, values, grid_name = _qwen_towers(family)
     _check_forms(fused, portable)
