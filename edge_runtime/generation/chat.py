@@ -10,12 +10,18 @@ prompt is encoded with the tokenizer's own post-processor (Llama's adds BOS).
 
 The template is read from ``chat_template.jinja`` (newer exports) or the
 ``chat_template`` key of ``tokenizer_config.json`` (older ones).
+
+``ChatOptions`` carries what vLLM's chat API adds to a render: ``chat_template_kwargs``
+(variables for the template, e.g. Qwen3's ``enable_thinking``), ``add_generation_prompt`` and
+``continue_final_message`` (the last message left open so the model continues it, cut as
+transformers cuts it).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -23,6 +29,69 @@ from edge_runtime.errors import InvalidInputError, ModelLoadError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+# what the render itself passes: chat_template_kwargs may not set these
+RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
+                                    *SPECIAL_KEYS})
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How messages are rendered beyond the template itself (vLLM's chat extensions).
+
+    ``add_generation_prompt``: the assistant turn's opening after the messages (default on).
+    ``continue_final_message``: the final message left open (no end of turn) for the model to go on
+    with it; like vLLM, it needs ``add_generation_prompt`` off. ``template_kwargs``: extra template
+    variables. InvalidInputError (a 400) for what cannot be honoured."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("add_generation_prompt", "continue_final_message"):
+            if not isinstance(getattr(self, key), bool):
+                raise InvalidInputError(f"'{key}' must be true or false, got {getattr(self, key)!r}")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise InvalidInputError("Cannot set both 'continue_final_message' and 'add_generation_prompt' to true: "
+                                    "a message left open takes no new assistant turn after it")
+        if not isinstance(self.template_kwargs, Mapping) or not all(isinstance(k, str) for k in self.template_kwargs):
+            raise InvalidInputError(f"'chat_template_kwargs' must be an object of template variables, got "
+                                    f"{self.template_kwargs!r}"[:300])
+        reserved = sorted(RESERVED_TEMPLATE_KEYS & set(self.template_kwargs))
+        if reserved:
+            raise InvalidInputError(f"'chat_template_kwargs' may not set {reserved}: the request's own fields do")
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "ChatOptions":
+        """The options of a chat completions body (absent or null fields keep their defaults)."""
+        values = {key: body[key] for key in ("add_generation_prompt", "continue_final_message")
+                  if body.get(key) is not None}
+        kwargs = body.get("chat_template_kwargs")
+        return cls(**values, template_kwargs=kwargs if kwargs is not None else {})
+
+
+DEFAULT_CHAT = ChatOptions()
+
+
+def _open_final_message(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """``rendered`` cut right after the final message's text, as transformers' ``continue_final_message``
+    does: at its last occurrence, keeping the message's own trailing spaces only where the template
+    kept them."""
+    content = messages[-1].get("content")
+    if isinstance(content, list):  # the last text part of a multimodal message
+        texts = [part["text"] for part in content if isinstance(part, Mapping) and isinstance(part.get("text"), str)]
+        content = texts[-1] if texts else None
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidInputError("'continue_final_message' is set but the final message has no text to continue")
+    if content.strip() not in rendered:
+        raise InvalidInputError("'continue_final_message' is set but the chat template does not write the final "
+                                "message's text into the prompt")
+    start = rendered.rindex(content.strip())
+    kept = content.lstrip()
+    end = start + len(kept) if rendered[start:start + len(kept)] == kept else start + len(content.strip())
+    return rendered[:end]
 
 
 def _token_text(value: Any) -> str | None:
@@ -138,22 +207,23 @@ class ChatTokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Any = None, multimodal: bool = False, **kwargs: Any) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], *, options: ChatOptions = DEFAULT_CHAT,
+               tools: Any = None, multimodal: bool = False) -> str:
         """The prompt text for ``messages``; InvalidInputError for bad messages or a template's refusal.
 
-        ``multimodal``: see ``normalize_messages``."""
+        ``options``: ``ChatOptions``; ``multimodal``: see ``normalize_messages``."""
         if self._template is None:
             raise InvalidInputError("this model has no chat template (chat_template.jinja or tokenizer_config.json "
                                     "'chat_template'): use the completions API with a plain prompt")
         from jinja2.exceptions import TemplateError
 
+        normalized = normalize_messages(list(messages), multimodal)
         try:
-            return self._template.render(messages=normalize_messages(list(messages), multimodal), tools=tools,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **self.special_tokens, **kwargs)
+            rendered = self._template.render(**self.special_tokens, **options.template_kwargs, messages=normalized,
+                                             tools=tools, add_generation_prompt=options.add_generation_prompt)
         except TemplateError as exc:
             raise InvalidInputError(f"the chat template rejected the messages: {exc}") from None
+        return _open_final_message(rendered, normalized) if options.continue_final_message else rendered
 
     def encode_messages(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
         return self.tokenizer.encode(self.render(messages, **kwargs), add_special_tokens=False).ids

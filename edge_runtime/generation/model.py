@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Sequence
 
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.chat import DEFAULT_CHAT, ChatOptions
 from edge_runtime.generation.prepared import PreparedPrompt, PromptEstimate, RequestTimings, request_timings
 from edge_runtime.generation.sampling import SamplingParams, TokenChoice, logit_bias_of
 from edge_runtime.generation.sequence import Chunk, Usage
@@ -245,22 +246,25 @@ class GenerativeModel:
     # -- requests ---------------------------------------------------------------------
     def prepare(self, prompt: str | Sequence[int] | None = None,
                 messages: Sequence[Mapping[str, Any]] | None = None,
-                images: Sequence[Any] | None = None, tools: Sequence[Any] | None = None) -> PreparedPrompt:
+                images: Sequence[Any] | None = None, tools: Sequence[Any] | None = None,
+                chat: ChatOptions = DEFAULT_CHAT) -> PreparedPrompt:
         """Token ids of a plain prompt (text or ids) or of chat messages rendered by the template.
 
         A VLM also takes image parts in ``messages`` and ``images`` beside a text ``prompt``, and
         does all image work here (blocking). InvalidInputError for bad input, images to a model
-        that reads text only included. ``tools``: OpenAI tool definitions for the chat template.
+        that reads text only included. ``tools``: OpenAI tool definitions for the chat template;
+        ``chat``: how the messages are rendered (``ChatOptions``: template variables, an open final
+        message).
         """
         if (prompt is None) == (messages is None):
             raise InvalidInputError("give exactly one of 'prompt' and 'messages'")
         if self.prompter is not None and (messages is not None or isinstance(prompt, str)):
-            return self._prepare_vision(prompt, messages, images, tools)
+            return self._prepare_vision(prompt, messages, images, tools, chat)
         if images:
             raise InvalidInputError(f"{self.name} is not a multimodal model" if self.prompter is None
                                     else "a token-id prompt cannot take images: give the prompt as text")
         if messages is not None:
-            text = self.tokenizer.render(messages, tools=list(tools) if tools else None)
+            text = self.tokenizer.render(messages, options=chat, tools=list(tools) if tools else None)
             return PreparedPrompt(self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids, text)
         if isinstance(prompt, str):
             return PreparedPrompt(self.tokenizer.encode_prompt(prompt), prompt)
@@ -271,7 +275,7 @@ class GenerativeModel:
 
     def estimate(self, prompt: str | Sequence[int] | None = None,
                  messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
-                 tools: Sequence[Any] | None = None) -> PromptEstimate | None:
+                 tools: Sequence[Any] | None = None, chat: ChatOptions = DEFAULT_CHAT) -> PromptEstimate | None:
         """What ``prepare`` and the prefill of a VLM request with images will cost, before any image
         is decoded (``VisionPrompter.estimate``): how a router decides where it runs without paying
         its image work first. None for a model or request without images, or one not estimable
@@ -282,7 +286,7 @@ class GenerativeModel:
         if messages is None and not isinstance(prompt, str):  # token ids take no images
             return None
         try:
-            text, inputs, plain = self._vision_text(prompt, messages, images, tools)
+            text, inputs, plain = self._vision_text(prompt, messages, images, tools, chat)
         except InvalidInputError:
             return None
         if not inputs:
@@ -299,9 +303,10 @@ class GenerativeModel:
         return self.prefix_cache.peek(prepared.cache_key if prepared.cache_key is not None else prepared.ids)
 
     def _prepare_vision(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
-                        images: Sequence[Any] | None, tools: Sequence[Any] | None = None) -> PreparedPrompt:
+                        images: Sequence[Any] | None, tools: Sequence[Any] | None = None,
+                        chat: ChatOptions = DEFAULT_CHAT) -> PreparedPrompt:
         assert self.prompter is not None
-        text, inputs, plain = self._vision_text(prompt, messages, images, tools)
+        text, inputs, plain = self._vision_text(prompt, messages, images, tools, chat)
         if not inputs:
             ids = (self.tokenizer.encode_prompt(text) if plain
                    else self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -313,7 +318,8 @@ class GenerativeModel:
         return PreparedPrompt(built.ids, built.text, built.inputs, built.cache_key, built.timings)
 
     def _vision_text(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
-                     images: Sequence[Any] | None, tools: Sequence[Any] | None) -> tuple[str, list[Any], bool]:
+                     images: Sequence[Any] | None, tools: Sequence[Any] | None,
+                     chat: ChatOptions = DEFAULT_CHAT) -> tuple[str, list[Any], bool]:
         """(prompt text with image placeholders, the image inputs, whether it is a plain prompt) of a
         VLM request: chat messages rendered by the template, or a text prompt with ``images``."""
         from edge_runtime.generation.vision.messages import image_inputs, split_images
@@ -325,7 +331,8 @@ class GenerativeModel:
         if inputs:
             raise InvalidInputError("give images as image parts of 'messages', not as 'images'")
         shaped, inputs = split_images(messages)
-        return self.tokenizer.render(shaped, multimodal=True, tools=list(tools) if tools else None), inputs, False
+        return (self.tokenizer.render(shaped, options=chat, multimodal=True, tools=list(tools) if tools else None),
+                inputs, False)
 
     def submit(self, prepared: PreparedPrompt, params: SamplingParams, sink: Any) -> Any:
         """Queue one request; ``sink(chunk)`` is called on the batcher thread. Returns a handle for ``cancel``."""
@@ -346,12 +353,15 @@ class GenerativeModel:
     def generate(self, prompt: str | Sequence[int] | None = None, *,
                  messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
                  timeout_s: float | None = None, **params: Any) -> GenerationResult:
-        """Generate to the end; blocks. ``params``: SamplingParams fields (default greedy)."""
+        """Generate to the end; blocks. ``params``: SamplingParams fields (default greedy), the structured
+        output and tool fields, and for ``messages`` the ``ChatOptions`` fields (``chat_template_kwargs``,
+        ``add_generation_prompt``, ``continue_final_message``)."""
         params.setdefault("temperature", 0.0)
         fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
+        chat = _chat_options(params)
         started = time.perf_counter()
         structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
-        prepared = self.prepare(prompt, messages, images, tools=_offered(structured))
+        prepared = self.prepare(prompt, messages, images, tools=_offered(structured), chat=chat)
         submitted = time.perf_counter()
         gathered = _Gathered()
         handle = self.submit(prepared, sampling, gathered)
@@ -371,11 +381,12 @@ class GenerativeModel:
         runs in a worker thread, off the event loop."""
         params.setdefault("temperature", 0.0)
         fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
+        chat = _chat_options(params)
         structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
         if self.prompter is not None:
-            prepared = await asyncio.to_thread(self.prepare, prompt, messages, images)
+            prepared = await asyncio.to_thread(self.prepare, prompt, messages, images, _offered(structured), chat)
         else:
-            prepared = self.prepare(prompt, messages, images, tools=_offered(structured))
+            prepared = self.prepare(prompt, messages, images, tools=_offered(structured), chat=chat)
         async for chunk in self.stream_prepared(prepared, sampling):
             yield chunk
 
@@ -402,9 +413,10 @@ class GenerativeModel:
         """Synchronous chunk iterator (the CLI's streaming)."""
         params.setdefault("temperature", 0.0)
         fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
+        chat = _chat_options(params)
         structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
         chunks: "queue.Queue[Chunk]" = queue.Queue()
-        handle = self.submit(self.prepare(prompt, messages, images, tools=_offered(structured)), sampling,
+        handle = self.submit(self.prepare(prompt, messages, images, tools=_offered(structured), chat=chat), sampling,
                              chunks.put)
         try:
             while True:
@@ -473,6 +485,13 @@ def _log_quantization(name: str, path: Path) -> None:
                  "quantized: %s)", name, record.get("mode"), kernel, how,
                  record.get("kernel_choice", record.get("accuracy_level_choice")),
                  record.get("step_ms", record.get("level_step_ms")))
+
+
+def _chat_options(params: dict[str, Any]) -> ChatOptions:
+    """The ``ChatOptions`` fields taken out of ``params`` (those left are sampling parameters)."""
+    fields = {k: params.pop(k) for k in ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
+              if k in params}
+    return ChatOptions.from_body(fields) if fields else DEFAULT_CHAT
 
 
 def _offered(structured: Any) -> list[Any] | None:

@@ -5,7 +5,9 @@ fields that OpenAI defines but we ignore (``user``, ``metadata``, ...) pass;
 parameters whose meaning we cannot honour are a 400, not a silent change of
 meaning. ``n`` choices are ``n`` sequences of one request (``OpenAIRequest.choice``).
 Structured output and tools (``response_format``, ``tools``, ``tool_choice``, vLLM's
-``structured_outputs``) are read by ``structured``.
+``structured_outputs``) are read by ``structured``; vLLM's chat rendering fields
+(``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``) by
+``chat.ChatOptions``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from edge_runtime.errors import InvalidInputError
+from edge_runtime.generation.chat import DEFAULT_CHAT, ChatOptions
 from edge_runtime.generation.sampling import SamplingParams, logit_bias_of
 from edge_runtime.generation.structured import Structured, parse_structured
 
@@ -37,6 +40,7 @@ class OpenAIRequest:
     images: tuple[str, ...] = ()  # where each image part is ("messages[1].content[0]"), in prompt order
     structured: Structured = Structured()  # output constraint and tools (free text by default)
     n: int = 1  # choices asked for
+    chat: ChatOptions = DEFAULT_CHAT  # vLLM's chat_template_kwargs / add_generation_prompt / continue_final_message
 
     def choice(self, index: int) -> "OpenAIRequest":
         """The request of choice ``index`` alone: one choice, and with a ``seed``, ``seed + index`` (so
@@ -179,7 +183,8 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     stream = _bool(body, "stream")
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
                          messages=messages, wants_async=_bool(body, "async"), body=body,
-                         images=image_parts(messages), structured=structured, n=_choices(body))
+                         images=image_parts(messages), structured=structured, n=_choices(body),
+                         chat=ChatOptions.from_body(body))
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:

@@ -267,14 +267,14 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
 
         def prepare() -> Awaitable[Any]:
             return asyncio.to_thread(loaded.model.prepare, prompt=parsed.prompt, messages=parsed.messages,
-                                     tools=tools)
+                                     tools=tools, chat=parsed.chat)
 
         try:
             # With a [cloud] peer the route is chosen before that work (an image sent to the cloud costs
             # nothing here); one streamed choice only: an async task or an echo must have the prompt up
             # front, and several choices share one prepared prompt.
             estimate = (await asyncio.to_thread(loaded.model.estimate, prompt=parsed.prompt,
-                                                messages=parsed.messages, tools=tools)
+                                                messages=parsed.messages, tools=tools, chat=parsed.chat)
                         if loaded.dispatcher.forwards and not parsed.wants_async and not parsed.echo
                         and parsed.n == 1 else None)
             prepared = None if estimate is not None else await prepare()
@@ -289,7 +289,7 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
             streams = [loaded.dispatcher.stream(prepared, c.params, c, release=release if i == 0 else None)
                        for i, c in enumerate(choices)]
     else:
-        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools)
+        prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools, chat=parsed.chat)
         prepared_text = prepared.text
         # busy from here (or since the grammar's compile): close them on every path
         streams = [loaded.dispatcher.stream(prepared, c.params, c, release=release if i == 0 else None)

@@ -147,6 +147,23 @@ def test_vllm_stop_token_ids_and_min_tokens_over_http_equal_the_embedded_api(ser
         assert answer.choices[0].finish_reason == alone.finish_reason
 
 
+def test_vllm_chat_rendering_fields_over_http_equal_the_embedded_api(server: LiveServer, client: Any) -> None:
+    """``continue_final_message`` (an assistant message the model goes on with, agents' prefilled action)
+    and ``chat_template_kwargs``, as vLLM takes them, streamed and not."""
+    model = local_model(server)
+    opened = [*MESSAGES, {"role": "assistant", "content": "do(action=\"Tap\", element=["}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False, "chat_template_kwargs": {"x": 1}}
+    alone = model.generate(messages=opened, max_tokens=8, ignore_eos=True, **extra)
+    answer = client.chat.completions.create(model="chat", messages=opened, max_tokens=8, temperature=0,
+                                            extra_body={"ignore_eos": True, **extra})
+    assert answer.choices[0].message.content == alone.text
+    assert answer.usage.prompt_tokens == alone.usage.prompt_tokens < model.generate(
+        messages=opened, max_tokens=1).usage.prompt_tokens  # no end of turn, no new assistant turn
+    stream = client.chat.completions.create(model="chat", messages=opened, max_tokens=8, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True, **extra})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == alone.text
+
+
 def test_openai_shaped_errors(client: Any) -> None:
     import openai
 
@@ -173,6 +190,11 @@ def test_openai_shaped_errors(client: Any) -> None:
          "'min_tokens' (5) must not exceed 'max_tokens' (3)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"stop_token_ids": 7}),
          "'stop_token_ids' must be a list of token ids, got 7"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"continue_final_message": True}),
+         "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES,
+                                      extra_body={"chat_template_kwargs": {"add_generation_prompt": False}}),
+         "'chat_template_kwargs' may not set ['add_generation_prompt']"),
         (openai.BadRequestError, dict(model="mlp", messages=MESSAGES), "tensor model"),
         (openai.BadRequestError, dict(model="chat", messages=[{"role": "user", "content": "tap " * 300}]),
          "context is 256 tokens"),
