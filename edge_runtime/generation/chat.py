@@ -233,8 +233,8 @@ class ChatTokenizer:
             raise InvalidInputError(f"the prompt must be a string, got {type(prompt).__name__}")
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         """One token's own text (for logprobs), special tokens included."""

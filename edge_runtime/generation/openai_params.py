@@ -116,7 +116,25 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           top_k=0 if body.get("top_k") is None else body["top_k"], min_p=_number(body, "min_p", 0.0),
                           repetition_penalty=_number(body, "repetition_penalty", 1.0),
                           min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
-                          stop_token_ids=_token_ids(body, "stop_token_ids"))
+                          stop_token_ids=_token_ids(body, "stop_token_ids"),
+                          include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
+                          skip_special_tokens=_bool(body, "skip_special_tokens", True))
+
+
+# vLLM's request fields that change the answer and that this engine does not do: refused, never ignored
+# (field -> the value that means "off")
+UNSUPPORTED_VLLM_FIELDS = {"use_beam_search": False, "prompt_logprobs": None, "truncate_prompt_tokens": None,
+                           "length_penalty": 1.0}
+
+
+def _refuse_unsupported(body: Mapping[str, Any], n: int) -> None:
+    for key, off in UNSUPPORTED_VLLM_FIELDS.items():
+        if body.get(key, off) not in (off, None):
+            raise InvalidInputError(f"'{key}' is not supported by this server (got {body[key]!r})"[:300])
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise InvalidInputError(f"'best_of' is not supported: give 'n' choices instead (got best_of {best_of!r}, "
+                                f"n {n})"[:300])
 
 
 def _token_ids(body: Mapping[str, Any], key: str) -> tuple[Any, ...]:
@@ -181,6 +199,7 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
         raise InvalidInputError("'messages' must be a non-empty list of {role, content} objects")
     structured = parse_structured(body, chat=True)
     stream = _bool(body, "stream")
+    _refuse_unsupported(body, _choices(body))
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
                          messages=messages, wants_async=_bool(body, "async"), body=body,
                          images=image_parts(messages), structured=structured, n=_choices(body),
@@ -200,6 +219,7 @@ def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
         raise InvalidInputError("'suffix' is not supported by this model")
     structured = parse_structured(body, chat=False)
     stream = _bool(body, "stream")
+    _refuse_unsupported(body, _choices(body))
     return OpenAIRequest(model, _sampling(body, chat=False), stream, _stream_options(body, stream), prompt=prompt,
                          echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body,
                          structured=structured, n=_choices(body))

@@ -61,6 +61,8 @@ class SamplingParams:
     min_tokens: int = 0  # vLLM's: no end (EOS, stop_token_ids, stop strings) before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: these tokens end the answer (their text kept unless special)
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (a guided answer still ends when complete)
+    include_stop_str_in_output: bool = False  # vLLM's: a matched stop string stays at the end of the text
+    skip_special_tokens: bool = True  # vLLM's: False keeps special tokens' text in the answer
     guide: GrammarSpec | None = None  # what the answer must match (None: free text)
 
     def __post_init__(self) -> None:
@@ -106,6 +108,9 @@ class SamplingParams:
                                     f"(integers >= 0), got {self.stop_token_ids!r}"[:300])
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("'top_logprobs' needs 'logprobs': true")
+        for flag in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidInputError(f"'{flag}' must be true or false, got {getattr(self, flag)!r}")
 
     @property
     def greedy(self) -> bool:
@@ -217,11 +222,17 @@ class Sampler:
 
 
 class StopMatcher:
-    """Holds back streamed text that could still become a stop string; cuts at the first match."""
+    """Holds back streamed text that could still become a stop string; cuts at the first match.
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    ``include``: vLLM's ``include_stop_str_in_output``: the text ends after the stop string instead
+    of before it, so nothing needs holding back (the last characters are kept only to find a stop
+    string that spans two feeds)."""
+
+    def __init__(self, stops: tuple[str, ...], include: bool = False) -> None:
         self.stops = stops
+        self.include = include
         self._pending = ""
+        self._emitted = 0  # chars at the start of _pending already emitted (``include`` only)
         self.stopped = False
 
     def feed(self, text: str, match: bool = True) -> str:
@@ -237,7 +248,10 @@ class StopMatcher:
         # only occurrences that end in the new text: earlier ones were looked for already, or were fed
         # before matching began
         found = (self._pending.find(s, max(0, start - len(s) + 1)) for s in self.stops) if match else ()
-        cut = min((i for i in found if i >= 0), default=-1)
+        hits = [(i, i + len(s)) for i, s in zip(found, self.stops) if i >= 0]
+        if self.include:
+            return self._feed_included(min(hits, default=None))
+        cut = min((i for i, _ in hits), default=-1)
         if cut >= 0:
             self.stopped = True
             out, self._pending = self._pending[:cut], ""
@@ -246,6 +260,19 @@ class StopMatcher:
         out, self._pending = self._pending[:len(self._pending) - hold], self._pending[len(self._pending) - hold:]
         return out
 
+    def _feed_included(self, hit: tuple[int, int] | None) -> str:
+        """``include``: emit everything new, up to the end of the first stop string found."""
+        end = len(self._pending) if hit is None else hit[1]
+        out = self._pending[self._emitted:end]
+        if hit is not None:
+            self.stopped, self._pending, self._emitted = True, "", 0
+            return out
+        keep = max(len(s) for s in self.stops) - 1  # enough to find a stop string the next feed completes
+        self._pending = self._pending[len(self._pending) - keep:] if keep else ""
+        self._emitted = len(self._pending)
+        return out
+
     def flush(self) -> str:
-        out, self._pending = self._pending, ""
+        out, self._pending = self._pending[self._emitted:], ""
+        self._emitted = 0
         return out

@@ -19,6 +19,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -117,8 +118,9 @@ class Sequence:
         self.sampler = Sampler(self.params, self.prompt)
         # what min_tokens holds back: every token that would end the answer
         self._ends = np.array(sorted(set(self.eos) | set(self.params.stop_token_ids)), dtype=np.int64)
-        self.detokenizer = IncrementalDetokenizer(self.decode)
-        self.stops = StopMatcher(self.params.stop)
+        decode = self.decode if self.params.skip_special_tokens else partial(self.decode, skip_special_tokens=False)
+        self.detokenizer = IncrementalDetokenizer(decode)
+        self.stops = StopMatcher(self.params.stop, include=self.params.include_stop_str_in_output)
         # Decode position minus cache index: an M-RoPE prompt's rope_delta (0 for text). Kept apart
         # from ``inputs``, which the batcher drops once the prompt is prefilled.
         self.position_offset = int(getattr(self.inputs, "rope_delta", 0))

@@ -255,6 +255,31 @@ def test_a_stop_string_straddling_min_tokens_ends_the_answer_at_its_start(qwen_f
     assert matcher.feed("xab", match=False) == "x" and matcher.feed("cd") == "" and matcher.stopped
 
 
+def test_include_stop_str_in_output_and_skip_special_tokens(qwen_folder: Path, model_factory) -> None:
+    """vLLM's ``include_stop_str_in_output`` ends the text after the stop string (streamed alike);
+    ``skip_special_tokens: false`` keeps special tokens' text, as the tokenizer decodes them."""
+    from edge_runtime.generation.sampling import StopMatcher
+
+    model = model_factory(qwen_folder)
+    greedy = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True)
+    stop = greedy.text[5:8]
+    first = greedy.text.find(stop)
+    kept = model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    assert kept.finish_reason == "stop" and kept.text == greedy.text[:first + len(stop)]
+    streamed = "".join(c.text for c in model.iter_chunks(PROMPTS[1], max_tokens=24, ignore_eos=True, stop=[stop],
+                                                         include_stop_str_in_output=True))
+    assert streamed == kept.text
+    matcher = StopMatcher(("abc", "zz"), include=True)  # nothing held back; a stop string across two feeds
+    assert [matcher.feed(t) for t in ("xa", "b", "cdef")] == ["xa", "b", "c"] and matcher.stopped
+    special = model.folder.eos_token_ids[0]
+    forced = dict(max_tokens=3, ignore_eos=True, logit_bias={special: 100})
+    plain = model.generate(PROMPTS[1], **forced)
+    raw = model.generate(PROMPTS[1], skip_special_tokens=False, **forced)
+    assert list(plain.token_ids) == list(raw.token_ids) == [special] * 3
+    assert plain.text == "" and raw.text == model.tokenizer.tokenizer.decode([special] * 3, skip_special_tokens=False)
+    assert raw.text  # the special token has text to keep
+
+
 def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_folder: Path, model_factory) -> None:
     from edge_runtime.generation.model import sampling_params
 

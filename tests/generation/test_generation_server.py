@@ -147,6 +147,17 @@ def test_vllm_stop_token_ids_and_min_tokens_over_http_equal_the_embedded_api(ser
         assert answer.choices[0].finish_reason == alone.finish_reason
 
 
+def test_vllm_output_fields_over_http_equal_the_embedded_api(server: LiveServer, client: Any) -> None:
+    model = local_model(server)
+    greedy = model.generate(messages=MESSAGES, max_tokens=16, ignore_eos=True)
+    stop = greedy.text[4:7]
+    extra = {"ignore_eos": True, "include_stop_str_in_output": True, "skip_special_tokens": False}
+    alone = model.generate(messages=MESSAGES, max_tokens=16, stop=[stop], **extra)
+    answer = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=16, temperature=0,
+                                            stop=[stop], extra_body=extra)
+    assert answer.choices[0].message.content == alone.text and alone.text.endswith(stop)
+
+
 def test_vllm_chat_rendering_fields_over_http_equal_the_embedded_api(server: LiveServer, client: Any) -> None:
     """``continue_final_message`` (an assistant message the model goes on with, agents' prefilled action)
     and ``chat_template_kwargs``, as vLLM takes them, streamed and not."""
@@ -190,6 +201,14 @@ def test_openai_shaped_errors(client: Any) -> None:
          "'min_tokens' (5) must not exceed 'max_tokens' (3)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"stop_token_ids": 7}),
          "'stop_token_ids' must be a list of token ids, got 7"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"use_beam_search": True}),
+         "'use_beam_search' is not supported by this server (got True)"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"prompt_logprobs": 2}),
+         "'prompt_logprobs' is not supported by this server (got 2)"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"best_of": 3}),
+         "'best_of' is not supported: give 'n' choices instead (got best_of 3, n 1)"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"skip_special_tokens": "no"}),
+         "'skip_special_tokens' must be true or false, got 'no'"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"continue_final_message": True}),
          "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES,
