@@ -88,6 +88,9 @@ class RenamedWeights(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         return self.source[self.names[name]]
 
+    def __contains__(self, name: object) -> bool:  # without decoding the weight (Mapping's reads it)
+        return name in self.names
+
     def __iter__(self):
         return iter(self.names)
 
@@ -115,6 +118,10 @@ class GateUpSplit(Mapping[str, np.ndarray]):
         if name.endswith("mlp.gate_up_proj.weight"):
             raise KeyError(name)
         return self.source[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.halves or (isinstance(name, str) and not name.endswith("mlp.gate_up_proj.weight")
+                                       and name in self.source)
 
     def __iter__(self):
         return iter(self.names)
