@@ -163,6 +163,9 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
         raise InvalidInputError(f"'stream_options' must be an object, got {options!r}")
     if not stream:
         raise InvalidInputError("'stream_options' is only allowed with 'stream': true")
+    if _bool(options, "continuous_usage_stats"):  # vLLM's usage in every chunk: not built, so not ignored
+        raise InvalidInputError("'stream_options.continuous_usage_stats' is not supported: usage comes in the last "
+                                "chunk ('include_usage')")
     return _bool(options, "include_usage")
 
 
