@@ -273,6 +273,29 @@ class GenerativeModel:
             raise InvalidInputError(f"a token-id prompt must hold integers in [0, {self.folder.vocab_size})")
         return PreparedPrompt(ids, self.tokenizer.decode(ids))
 
+    def tokenize(self, prompt: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+                 tools: Sequence[Any] | None = None, chat: ChatOptions = DEFAULT_CHAT,
+                 add_special_tokens: bool | None = None) -> list[int]:
+        """The prompt's token ids as ``prepare`` makes them, without running the vision encoder (a VLM
+        decodes each image for its size only). ``add_special_tokens``: whether the tokenizer adds its
+        own (default: for a plain prompt yes, for rendered messages no, as ``prepare``)."""
+        if (prompt is None) == (messages is None):
+            raise InvalidInputError("give exactly one of 'prompt' and 'messages'")
+        if prompt is not None and not isinstance(prompt, str):
+            raise InvalidInputError(f"the prompt must be a string, got {type(prompt).__name__}")
+        if self.prompter is not None:
+            text, inputs, plain = self._vision_text(prompt, messages, None, tools, chat)
+            if inputs and hasattr(self.prompter, "token_ids"):
+                return self.prompter.token_ids(text, inputs, add_special_tokens=plain, encode_special=add_special_tokens)
+            if inputs:  # onnxruntime-genai's processor expands the images: no cheaper way to the ids
+                return self.prepare(prompt, messages, None, tools, chat).ids
+        else:
+            text = prompt if messages is None else self.tokenizer.render(messages, options=chat,
+                                                                        tools=list(tools) if tools else None)
+            plain = messages is None
+        special = plain if add_special_tokens is None else add_special_tokens
+        return self.tokenizer.tokenizer.encode(text, add_special_tokens=special).ids
+
     def estimate(self, prompt: str | Sequence[int] | None = None,
                  messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
                  tools: Sequence[Any] | None = None, chat: ChatOptions = DEFAULT_CHAT) -> PromptEstimate | None:

@@ -79,7 +79,8 @@ def _number(body: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def _model(body: Mapping[str, Any]) -> str:
+def model_name(body: Mapping[str, Any]) -> str:
+    """The request's ``model``; InvalidInputError when it names none."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidInputError("'model' must name a served model (see GET /v1/models)")
@@ -196,7 +197,7 @@ def image_parts(messages: list[Any]) -> tuple[str, ...]:
 
 def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     """A ``/v1/chat/completions`` body; InvalidInputError names the bad field."""
-    model = _model(body)
+    model = model_name(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidInputError("'messages' must be a non-empty list of {role, content} objects")
@@ -211,7 +212,7 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
     """A ``/v1/completions`` body: ``prompt`` is one string or one list of token ids."""
-    model = _model(body)
+    model = model_name(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one

@@ -119,9 +119,14 @@ def openai_error_body(message: str, status: int, code: str | None = None) -> byt
                                  "param": None, "code": code}}).encode()
 
 
+# the OpenAI-compatible paths: /v1/* and vLLM's tokenizer routes
+OPENAI_PATHS = ("/v1/", "/tokenize", "/detokenize")
+
+
 def error_body_for(path: str, message: str, status: int) -> bytes:
-    """The error body a client of ``path`` parses: OpenAI's shape under ``/v1/``, v2's elsewhere."""
-    return openai_error_body(message, status) if path.startswith("/v1/") else error_body(message)
+    """The error body a client of ``path`` parses: OpenAI's shape on the OpenAI-compatible paths, v2's
+    elsewhere."""
+    return openai_error_body(message, status) if path.startswith(OPENAI_PATHS) else error_body(message)
 
 
 def public_message(exc: BaseException) -> str:

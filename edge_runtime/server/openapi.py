@@ -130,7 +130,8 @@ def _operation(route: "Route", public: bool) -> dict[str, Any]:
     if inference:
         responses["202"] = {"description": "Accepted as an async task", "content": _content("Task"),
                             "headers": {"Location": {"schema": _STR}}}
-    error = {"content": _content("OpenAIError" if route.path.startswith("/v1/") else "Error")}
+    # the OpenAI-compatible routes (/v1/..., vLLM's /tokenize and /detokenize) answer OpenAI error objects
+    error = {"content": _content("OpenAIError" if route.tag == "openai" else "Error")}
     for status, text in _ERRORS.items():
         if status == "401" and public:
             continue

@@ -87,6 +87,21 @@ def base_url(server: LiveServer) -> str:
     return f"http://{server.url}"
 
 
+def post_json(server: LiveServer, path: str, body: Any) -> tuple[int, Any]:
+    """(status, decoded JSON answer) of a POST with a JSON body; error statuses are answers too."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(base_url(server) + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 @contextlib.contextmanager
 def served_repository(root: Path, cache_dir: Path, cloud: Any = None) -> Iterator[LiveServer]:
     """A live edge-runtime app over the model repository ``root`` (one intra-op thread, no OpenCL

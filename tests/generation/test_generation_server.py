@@ -397,3 +397,42 @@ def test_metrics_report_prefix_cache_hits(server: LiveServer, client: Any) -> No
     hits = [line for line in text.splitlines() if line.startswith('edge_runtime_prefix_cache_saved_tokens_total{model="chat"}')]
     assert hits and float(hits[0].split()[-1]) > 0
     assert 'edge_runtime_generation_sequences{model="chat",state="running"} 0.0' in text
+
+
+def test_vllm_tokenize_and_detokenize(server: LiveServer, qwen_folder: Path) -> None:
+    """``/tokenize`` gives the ids a request would prefill (transformers' tokenizer and chat template are
+    the oracle of those, see test_generation_greedy), usage agrees with its count, ``/detokenize`` turns
+    ids back into text; bad bodies are named 400s."""
+    import json as json_module
+
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(qwen_folder)
+    model = local_model(server)
+    prompt = "the agent taps the button"
+    status, text, _ = asyncio.run(_post(server, "/tokenize", {"model": "chat", "prompt": prompt,
+                                                               "return_token_strs": True}))
+    answer = json_module.loads(text)
+    assert status == 200 and answer["tokens"] == hf(prompt)["input_ids"]
+    assert answer["count"] == len(answer["tokens"]) and answer["max_model_len"] == model.context_length
+    assert answer["token_strs"] == hf.convert_ids_to_tokens(answer["tokens"])
+    opened = [*MESSAGES, {"role": "assistant", "content": "do(action="}]
+    for body, expected in (
+            ({"messages": MESSAGES}, hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)),
+            ({"messages": opened, "continue_final_message": True, "add_generation_prompt": False},
+             hf.apply_chat_template(opened, continue_final_message=True, tokenize=False))):
+        status, text, _ = asyncio.run(_post(server, "/tokenize", {"model": "chat", **body}))
+        tokens = json_module.loads(text)["tokens"]
+        assert status == 200 and tokens == hf(expected, add_special_tokens=False)["input_ids"]
+        assert len(tokens) == model.generate(messages=body["messages"], max_tokens=1, **{
+            k: v for k, v in body.items() if k != "messages"}).usage.prompt_tokens
+    status, text, _ = asyncio.run(_post(server, "/detokenize", {"model": "chat", "tokens": tokens}))
+    assert status == 200 and json_module.loads(text)["prompt"] == hf.decode(tokens, skip_special_tokens=False)
+    for path, body, message in (
+            ("/tokenize", {"model": "chat"}, "give exactly one of 'prompt' (a string) and 'messages'"),
+            ("/tokenize", {"prompt": "x"}, "'model' must name a served model"),
+            ("/tokenize", {"model": "chat", "prompt": "x", "add_special_tokens": "yes"},
+             "'add_special_tokens' must be true or false"),
+            ("/detokenize", {"model": "chat", "tokens": [1, -3]}, "'tokens' must be a list of token ids in [0, "),
+            ("/tokenize", {"model": "mlp", "prompt": "x"}, "tensor model")):
+        status, text, _ = asyncio.run(_post(server, path, body))
+        assert status == 400 and message in json_module.loads(text)["error"]["message"], (path, body, text)

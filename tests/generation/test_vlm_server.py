@@ -324,3 +324,24 @@ def test_a_glm_agent_step_over_http_equals_the_embedded_api(tmp_path_factory: py
         assert shared >= block and shared - block < answer.usage.prompt_tokens_details.cached_tokens <= shared
         assert answer.choices[0].message.content == model.generate(
             messages=second, **{k: v for k, v in sampling.items() if k != "temperature"}).text
+
+
+def test_tokenize_counts_a_screenshot_without_encoding_it(server: LiveServer) -> None:
+    """vLLM's ``/tokenize`` on a chat with a screenshot: the ids the request prefills (image tokens
+    included, prepare's ids are the oracle) while the vision encoder never runs (no image recorded)."""
+    import json as json_module
+
+    from generation_fixtures import post_json
+
+    model = _model(server)
+    messages = _messages(_url(_png(9, 140, 308)))
+    images_before = model.vision_stats.images
+    status, answer = post_json(server, "/tokenize", {"model": "agent", "messages": messages})
+    assert status == 200, answer
+    assert model.vision_stats.images == images_before  # counted, not encoded
+    expected = model.prepare(messages=messages).ids
+    assert answer["tokens"] == expected and answer["count"] == len(expected)
+    assert expected.count(model.vlm.image_token_id) > 0
+    status, answer = post_json(server, "/tokenize", {"model": "agent",
+                                                     "messages": _messages("data:image/png;base64,AAAA")})
+    assert status == 400 and "messages[1].content[1]" in json_module.dumps(answer)

@@ -213,6 +213,35 @@ class VisionPrompter:
         first = ids.index(image_id) if image_id in ids else len(ids)
         return PromptEstimate(len(ids), cached(ids[:first + 1]), self.cost.predict_ms(new_images, new_tokens))
 
+    def token_ids(self, text: str, images: Sequence["ImageInput"], *, add_special_tokens: bool,
+                  encode_special: bool | None = None) -> list[int]:
+        """The ids ``build`` gives this prompt, without the vision encoder: each image is only decoded
+        for its size (the image tokens it stands for). ``encode_special``: whether the tokenizer adds
+        its special tokens (default: ``add_special_tokens``, a plain prompt). InvalidInputError as
+        ``build`` raises it."""
+        from edge_runtime.generation.vision.images import image_from_url, load_image
+        from edge_runtime.generation.vision.preprocess import join_prompt
+
+        if len(images) > self.max_images:
+            raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
+        if add_special_tokens and self.processor.placeholder not in text:
+            text = self.image_marker * len(images) + text
+        parts = text.split(self.processor.placeholder)
+        if len(parts) - 1 != len(images):
+            raise InvalidInputError(f"the prompt has {len(parts) - 1} image placeholder(s) "
+                                    f"{self.processor.placeholder!r} but {len(images)} image(s) were given")
+        texts = []
+        for image in images:
+            hit = self.features.peek_source(self.features.source_key(image.source))
+            if hit is not None:
+                texts.append(hit.processed.prompt_text)
+                continue
+            decoded = (image_from_url(image.source, image.where, self.access) if image.is_url
+                       else load_image(image.source, image.where, self.access))
+            texts.append(self.processor.prompt_text(*decoded.size))
+        special = add_special_tokens if encode_special is None else encode_special
+        return self.tokenizer.tokenizer.encode(join_prompt(parts, texts), add_special_tokens=special).ids
+
     def _encode(self, prepared: "PreparedImage") -> np.ndarray:
         """The encoder's rows for one image, kept in the feature cache for the next prompt with it."""
         features = self.encoder.encode(prepared.processed.feeds, prepared.processed.num_tokens)
