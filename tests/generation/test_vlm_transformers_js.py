@@ -71,6 +71,24 @@ def test_zoo_folders_run_in_transformers_js(family: str, size: tuple, tmp_path: 
     check_against_transformers(family, folder, zoo_checkpoint(folder, family, 4, tmp_path / "hf"), size, tmp_path)
 
 
+def test_glm4v_parts_run_in_transformers_js_under_its_glm_ocr_class(tmp_path_factory, tmp_path: Path) -> None:
+    """transformers.js has no ``glm4v`` model, but its ``glm_ocr`` one runs GLM's host loop (Qwen2.5-VL's
+    flow, GLM's image-token position grouping, ``Glm46VImageProcessor``'s two-frame bounds). With only the
+    family names in config.json and preprocessor_config.json changed, the converted GLM-4.1V parts give
+    transformers.js the prompt ids and greedy tokens transformers' Glm4v gives."""
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    hf = checkpoint(VLMSpec(family="glm4v", seed=4, image_size=112), vlm_root(tmp_path_factory))
+    folder = convert_vlm_folder(hf, tmp_path / "glm")
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"], config["text_config"]["model_type"] = "glm_ocr", "glm_ocr_text"
+    (folder / "config.json").write_text(json.dumps(config))
+    pre = json.loads((folder / "preprocessor_config.json").read_text())
+    pre.update(image_processor_type="Glm46VImageProcessor", processor_class="Glm46VProcessor")
+    (folder / "preprocessor_config.json").write_text(json.dumps(pre))
+    check_against_transformers("glm4v", folder, hf, (84, 56), tmp_path)
+
+
 def check_against_transformers(family: str, folder: Path, hf: Path, size: tuple, tmp_path: Path) -> None:
     image, prompt = sample_image(*size, seed=5), "tap the settings button"
     image.save(tmp_path / "screen.png")
