@@ -155,10 +155,12 @@ def convert_vlm_folder(hf_folder: Path, out: Path, fp16: bool = False, fused: bo
             shutil.copyfile(hf_folder / name, out / name)
     _fold_chat_template(hf_folder, out / "tokenizer_config.json")
     if quantize:
+        from edge_runtime.vlm_parts import iter_quantized_decoders
         from edge_runtime.vlm_quant import write_quantized_parts
 
         try:
-            external.update(write_quantized_parts(out))
+            external.update(save_parts(out, iter_quantized_decoders(config, weights, out / "onnx", fused)))
+            external.update(write_quantized_parts(out, decoders=False))
         except Exception as exc:  # onnxruntime's quantizers raise ValueError/AssertionError/onnx errors alike
             raise ModelLoadError(f"{hf_folder}: quantizing the converted parts failed: "
                                  f"{type(exc).__name__}: {exc}") from exc

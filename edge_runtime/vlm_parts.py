@@ -236,6 +236,36 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
             yield name, part
 
 
+def iter_quantized_decoders(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], data_dir: Path,
+                            fused_decoder: bool = True) -> Iterator[tuple[str, onnx.ModelProto]]:
+    """``decoder_model_merged_q4`` / ``_int8`` (weight-only ``MatMulNBits``) and ``_quantized`` (per-token
+    int8), as ``vlm_quant`` writes them from the fp32 decoder, but built from the checkpoint's weights,
+    each quantized as it is read (``vlm_quant.QuantizedOnRead``) and written straight to
+    ``data_dir/<part>.onnx_data``: the MatMulNBits decoders hold a weight at a time, the per-token one
+    its int8 graph (a quarter of the fp32 one) for the rewrite, where quantizing the written fp32
+    decoder holds all of its fp32 weights."""
+    from edge_runtime.vlm_quant import DECODER_BITS, Int8Quantized, NBitsQuantized, per_token_given
+
+    family, shape, mrope, _ = check_vlm_config(config)
+    text = text_weights(family, weights, tied=bool(text_config(config).get("tie_word_embeddings")))
+    for precision, bits in DECODER_BITS.items():
+        name = f"decoder_model_merged_{precision}"
+        with external_weights(Path(data_dir) / f"{name}.onnx_data"):
+            part = build_vlm_decoder(shape, NBitsQuantized(text, bits), mrope, fused_decoder)
+        yield name, part
+    staging = Path(data_dir) / "decoder_model_merged_quantized.staging.onnx"
+    try:
+        with external_weights(staging.with_name(staging.name + "_data")):
+            part = build_vlm_decoder(shape, Int8Quantized(text), mrope, fused_decoder)
+        onnx.save(part, str(staging))
+        del part
+        part = onnx.load(str(staging))  # int8 weights in memory: the rewrite reads them
+    finally:
+        staging.unlink(missing_ok=True)
+        staging.with_name(staging.name + "_data").unlink(missing_ok=True)
+    yield "decoder_model_merged_quantized", per_token_given(part)
+
+
 def build_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray], fused: bool = False,
                     fused_decoder: bool = True) -> dict[str, onnx.ModelProto]:
     """``iter_vlm_parts`` as a dict."""

@@ -22,6 +22,11 @@
   largest tensor of a small VLM at its real vocabulary — Qwen2-VL-2B's is 233M values, 0.9 GB in
   fp32).
 
+The converter builds the three decoders from the checkpoint, each weight quantized as it is read
+(``QuantizedOnRead``, ``vlm_parts.iter_quantized_decoders``): the same integers and scales as
+quantizing the written fp32 decoder (``quantize_decoder_nbits`` / ``quantize_decoder_per_token``,
+kept for folders converted before), without holding its fp32 weights in memory.
+
 So transformers.js' one-name ``dtype: "q8"`` or ``"q4"`` finds every part it asks for (``int8``, as
 it names 8-bit MatMulNBits, exists for the decoder only). MatMuls that turn
 integer positions into rotary angles (``rope_freq`` [2, d], ``mrope_freq`` [3, d]) stay fp32:
@@ -32,6 +37,7 @@ parts per model, e.g. ``{decoder = "q8", vision_encoder = "q8"}``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +53,115 @@ EMBEDDING_BITS = {"q8": 8, "q4": 4}
 _MIN_LINEAR_INPUTS = 16
 
 
-def write_quantized_parts(folder: Path) -> dict[str, int]:
+def _portable_int8() -> Any:
+    from edge_runtime.optimize.quantize import Int8Settings
+
+    # What the folder takes wherever it runs: u8 activations around 128 x s8 weights over the full 8 bits
+    # (quantize_dynamic's defaults; a 7-bit range would only matter on x86 without VNNI).
+    return Int8Settings(activation_signed=False, reduce_range=False,
+                        why="portable: u8 activations x s8 weights, as quantize_dynamic writes")
+
+
+
+def write_quantized_parts(folder: Path, decoders: bool = True) -> dict[str, int]:
     """Write the quantized parts of the converted ``folder`` (see the module docstring); returns the
-    ``use_external_data_format`` entries of the files written with external data."""
+    ``use_external_data_format`` entries of the files written with external data. ``decoders`` False:
+    the quantized decoders are written elsewhere (the converter builds them from the checkpoint,
+    ``vlm_parts.iter_quantized_decoders``)."""
     onnx_dir = Path(folder) / "onnx"
     external: dict[str, int] = {}
     external.update(quantize_dynamic_int8(onnx_dir / "vision_encoder.onnx", onnx_dir / "vision_encoder_quantized.onnx"))
     external.update(quantize_nbits(onnx_dir, "vision_encoder", "vision_encoder_q4", 4))
-    external.update(quantize_decoder_per_token(onnx_dir, "decoder_model_merged_quantized"))
-    for precision, bits in DECODER_BITS.items():
-        external.update(quantize_decoder_nbits(onnx_dir, f"decoder_model_merged_{precision}", bits))
+    if decoders:
+        external.update(quantize_decoder_per_token(onnx_dir, "decoder_model_merged_quantized"))
+        for precision, bits in DECODER_BITS.items():
+            external.update(quantize_decoder_nbits(onnx_dir, f"decoder_model_merged_{precision}", bits))
     for precision, bits in EMBEDDING_BITS.items():
         external.update(quantize_embed_tokens(onnx_dir, f"embed_tokens{SUFFIXES[precision]}", bits))
     return external
+
+
+class QuantizedOnRead(Mapping[str, Any]):
+    """A decoder's Hugging Face-named weights with every linear layer's weight quantized as the builder
+    reads it (``quantize``), the rest as they are: a checkpoint converted one tensor at a time, where
+    quantizing the written fp32 graph holds all of it in memory (a 9B decoder: 36 GB of fp32 weights)."""
+
+    def __init__(self, source: Mapping[str, Any]) -> None:
+        self.source = source
+
+    @staticmethod
+    def is_linear(name: str) -> bool:
+        """A weight the decoder multiplies activations by: projections and the LM head (the embedding
+        table's name too, which a tied head reads; the VLM decoder takes embeddings, not ids)."""
+        return name.endswith("_proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight")
+
+    def quantize(self, weight: Any) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> Any:
+        import numpy as np
+
+        value = self.source[name]
+        return self.quantize(np.asarray(value, np.float32)) if self.is_linear(name) else value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.source
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+class NBitsQuantized(QuantizedOnRead):
+    """``decoder_zoo.NBitsWeight``s: ``bits``-bit symmetric blocks of ``DEFAULT_BLOCK_SIZE`` at the converter's
+    accuracy level, from ONNX Runtime's block quantizer called per weight: the integers and scales
+    ``quantize_nbits`` gets from its quantizer over the fp32 graph."""
+
+    def __init__(self, source: Mapping[str, Any], bits: int) -> None:
+        from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
+                                                                     DefaultWeightOnlyQuantizer)
+
+        from edge_runtime.optimize.decoder_quant import DEFAULT_BLOCK_SIZE
+
+        super().__init__(source)
+        self.bits, self.block_size = bits, DEFAULT_BLOCK_SIZE
+        self.quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+            block_size=DEFAULT_BLOCK_SIZE, is_symmetric=True, bits=bits))
+
+    def quantize(self, weight: Any) -> Any:
+        import numpy as np
+
+        from edge_runtime.decoder_zoo import NBitsWeight
+        from edge_runtime.optimize.decoder_quant import CONVERTER_ACCURACY_LEVEL
+
+        packed, scales, _ = self.quantizer.qbits_block_quant(np.ascontiguousarray(weight.T))  # [K, N]
+        return NBitsWeight(packed, scales, None, weight.shape[1], self.bits, self.block_size, CONVERTER_ACCURACY_LEVEL)
+
+
+class Int8Quantized(QuantizedOnRead):
+    """``decoder_zoo.Int8Weight``s: int8, symmetric, one scale per output (``max |w| / 127``), the integers
+    ``optimize.per_token_int8`` computes from an fp32 weight; it then keeps them (``only_given``)."""
+
+    def quantize(self, weight: Any) -> Any:
+        import numpy as np
+
+        from edge_runtime.decoder_zoo import Int8Weight
+
+        scale = np.maximum(np.abs(weight).max(axis=1) / 127.0, 1e-30).astype(np.float32)  # per output row
+        q = np.clip(np.round(weight / scale[:, None]), -127, 127).astype(np.int8)
+        return Int8Weight(q, scale)
+
+
+def per_token_given(proto: Any) -> Any:
+    """A decoder built from ``Int8Quantized`` weights (DequantizeLinear of int8) as ``quantize_decoder_per_token``
+    writes it: per-token int8 ``MatMulInteger`` on the same integers and scales."""
+    from edge_runtime.optimize.per_token_int8 import per_token_int8
+
+    quantized, done = per_token_int8(proto, _portable_int8(), exclude=angle_matmuls(proto), only_given=True)
+    log.info("decoder: per-token int8 MatMulInteger from the checkpoint's weights (%d of them)", done)
+    return quantized
 
 
 def angle_matmuls(proto: Any) -> list[str]:
@@ -104,15 +206,10 @@ def quantize_decoder_per_token(onnx_dir: Path, stem: str) -> dict[str, int]:
     import onnx
 
     from edge_runtime.optimize.per_token_int8 import per_token_int8
-    from edge_runtime.optimize.quantize import Int8Settings
     from edge_runtime.vlm_parts import save_part
 
     proto = onnx.load(str(onnx_dir / "decoder_model_merged.onnx"))
-    # What the folder takes wherever it runs: u8 activations around 128 x s8 weights over the full 8 bits
-    # (quantize_dynamic's defaults; a 7-bit range would only matter on x86 without VNNI).
-    settings = Int8Settings(activation_signed=False, reduce_range=False,
-                            why="portable: u8 activations x s8 weights, as quantize_dynamic writes")
-    quantized, done = per_token_int8(proto, settings, exclude=angle_matmuls(proto))
+    quantized, done = per_token_int8(proto, _portable_int8(), exclude=angle_matmuls(proto))
     external: dict[str, int] = {}
     save_part(quantized, onnx_dir, stem, external)
     log.info("decoder: %s (per-token int8 MatMulInteger, %d of them)", stem, done)

@@ -112,6 +112,48 @@ def test_int8_vision_features_stay_close_to_fp32(quantized_folder: Path) -> None
     assert cosine.min() >= 0.99, cosine
 
 
+@pytest.mark.parametrize("precision,kernel", [("q4", "MatMulNBits"), ("int8", "MatMulNBits"),
+                                              ("quantized", "MatMulInteger")])
+def test_decoders_quantized_from_the_checkpoint_equal_the_quantized_fp32_graph(quantized_folder: Path,
+                                                                              precision: str, kernel: str,
+                                                                              tmp_path: Path) -> None:
+    """The converter builds the quantized decoders from the checkpoint, each weight quantized as it is read
+    (``QuantizedOnRead``): the same integers and scales as quantizing the written fp32 decoder
+    (``quantize_nbits``: ONNX Runtime's quantizer; ``quantize_decoder_per_token``), which holds the whole
+    fp32 graph in memory — so the same graph and logits."""
+    import shutil
+
+    from vlm_checkpoints import empty_past
+
+    from edge_runtime.vlm_quant import quantize_decoder_per_token, quantize_nbits
+
+    onnx_dir = tmp_path / "onnx"
+    onnx_dir.mkdir()
+    for name in ("decoder_model_merged.onnx", "decoder_model_merged.onnx_data"):
+        shutil.copyfile(quantized_folder / "onnx" / name, onnx_dir / name)
+    if precision == "quantized":
+        quantize_decoder_per_token(onnx_dir, "reference")
+    else:
+        quantize_nbits(onnx_dir, "decoder_model_merged", "reference", 4 if precision == "q4" else 8)
+    streamed, reference = (onnx.load(str(path)) for path in (quantized_folder / "onnx" /
+                                                            f"decoder_model_merged_{precision}.onnx",
+                                                            onnx_dir / "reference.onnx"))
+    ops = [collections.Counter(n.op_type for n in m.graph.node) for m in (streamed, reference)]
+    assert ops[0] == ops[1] and ops[0][kernel] > 0
+    integers = [sorted(t.raw_data for t in m.graph.initializer
+                       if t.data_type in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8) and len(t.dims) >= 2)
+                for m in (streamed, reference)]
+    assert integers[0] == integers[1] and integers[0]  # bit-equal quantized weights
+    config = json.loads((quantized_folder / "config.json").read_text())
+    rng = np.random.default_rng(1)
+    feeds = {"inputs_embeds": (rng.standard_normal((1, 9, config["text_config"]["hidden_size"])) * 0.2).astype(
+        np.float32), "attention_mask": np.ones((1, 9), np.int64),
+        "position_ids": np.broadcast_to(np.arange(9, dtype=np.int64), (3, 1, 9)).copy(), **empty_past(config, 1)}
+    ours = session(quantized_folder, f"decoder_model_merged_{precision}").run(["logits"], feeds)[0]
+    theirs = session(tmp_path, "reference").run(["logits"], feeds)[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def qwen_quantized(tmp_path_factory) -> Path:
     from edge_runtime.cli import main
