@@ -19,7 +19,7 @@ from aiohttp import web
 
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
 from edge_runtime.generation.chat import ChatOptions
-from edge_runtime.generation.openai_params import model_name
+from edge_runtime.generation.openai_params import image_parts, model_name
 from edge_runtime.generation.structured import parse_structured
 from edge_runtime.server.generation_http import dumps, generative, json_object
 from edge_runtime.server.openai_routes import openai_error
@@ -39,6 +39,8 @@ async def tokenize(request: web.Request) -> web.Response:
         messages, prompt = body.get("messages"), body.get("prompt")
         if (messages is None) == (prompt is None):
             raise InvalidInputError("give exactly one of 'prompt' (a string) and 'messages'")
+        if isinstance(messages, list) and image_parts(messages) and not loaded.model.is_multimodal:
+            raise InvalidInputError(f"{loaded.name} is not a multimodal model")  # vLLM's words, as chat answers
         chat = ChatOptions.from_body(body) if messages is not None else ChatOptions()
         tools = parse_structured(body, chat=True).tools if messages is not None else None
         model = loaded.model

@@ -433,6 +433,7 @@ def test_vllm_tokenize_and_detokenize(server: LiveServer, qwen_folder: Path) -> 
             ("/tokenize", {"model": "chat", "prompt": "x", "add_special_tokens": "yes"},
              "'add_special_tokens' must be true or false"),
             ("/detokenize", {"model": "chat", "tokens": [1, -3]}, "'tokens' must be a list of token ids in [0, "),
-            ("/tokenize", {"model": "mlp", "prompt": "x"}, "tensor model")):
+            ("/tokenize", {"model": "mlp", "prompt": "x"}, "tensor model"),
+            ("/tokenize", {"model": "chat", "messages": IMAGE_MESSAGES}, "chat is not a multimodal model")):
         status, text, _ = asyncio.run(_post(server, path, body))
         assert status == 400 and message in json_module.loads(text)["error"]["message"], (path, body, text)
