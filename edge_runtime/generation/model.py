@@ -273,6 +273,22 @@ class GenerativeModel:
             raise InvalidInputError(f"a token-id prompt must hold integers in [0, {self.folder.vocab_size})")
         return PreparedPrompt(ids, self.tokenizer.decode(ids))
 
+    def truncated(self, prepared: PreparedPrompt, keep: int) -> PreparedPrompt:
+        """``prepared`` with only its last ``keep`` tokens (-1: the context length), vLLM's
+        ``truncate_prompt_tokens``. InvalidInputError for more than the context, or a prompt with images
+        (cutting one would leave its features without their tokens)."""
+        limit = self.context_length
+        keep = limit if keep == -1 else keep
+        if keep > limit:
+            raise InvalidInputError(f"'truncate_prompt_tokens' ({keep}) is more than {self.name}'s context of "
+                                    f"{limit} tokens")
+        if prepared.inputs is not None:
+            raise InvalidInputError("'truncate_prompt_tokens' cannot cut a prompt with images")
+        if len(prepared.ids) <= keep:
+            return prepared
+        ids = prepared.ids[-keep:]
+        return PreparedPrompt(ids, self.tokenizer.decode(ids))
+
     def tokenize(self, prompt: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
                  tools: Sequence[Any] | None = None, chat: ChatOptions = DEFAULT_CHAT,
                  add_special_tokens: bool | None = None) -> list[int]:

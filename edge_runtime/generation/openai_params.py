@@ -41,6 +41,7 @@ class OpenAIRequest:
     structured: Structured = Structured()  # output constraint and tools (free text by default)
     n: int = 1  # choices asked for
     chat: ChatOptions = DEFAULT_CHAT  # vLLM's chat_template_kwargs / add_generation_prompt / continue_final_message
+    truncate: int | None = None  # vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: the context)
 
     def choice(self, index: int) -> "OpenAIRequest":
         """The request of choice ``index`` alone: one choice, and with a ``seed``, ``seed + index`` (so
@@ -124,8 +125,7 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
 
 # vLLM's request fields that change the answer and that this engine does not do: refused, never ignored
 # (field -> the value that means "off")
-UNSUPPORTED_VLLM_FIELDS = {"use_beam_search": False, "prompt_logprobs": None, "truncate_prompt_tokens": None,
-                           "length_penalty": 1.0}
+UNSUPPORTED_VLLM_FIELDS = {"use_beam_search": False, "prompt_logprobs": None, "length_penalty": 1.0}
 
 
 def _refuse_unsupported(body: Mapping[str, Any], n: int) -> None:
@@ -154,6 +154,14 @@ def _choices(body: Mapping[str, Any]) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise InvalidInputError(f"'n' must be an integer from 1 to {MAX_CHOICES} (choices), got {n!r}")
     return n
+
+
+def _truncate(body: Mapping[str, Any]) -> int | None:
+    value = body.get("truncate_prompt_tokens")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1)):
+        raise InvalidInputError(f"'truncate_prompt_tokens' must be an integer >= 1, or -1 for the model's context, "
+                                f"got {value!r}"[:300])
+    return value
 
 
 def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
@@ -207,7 +215,7 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
                          messages=messages, wants_async=_bool(body, "async"), body=body,
                          images=image_parts(messages), structured=structured, n=_choices(body),
-                         chat=ChatOptions.from_body(body))
+                         chat=ChatOptions.from_body(body), truncate=_truncate(body))
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
@@ -226,4 +234,4 @@ def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:
     _refuse_unsupported(body, _choices(body))
     return OpenAIRequest(model, _sampling(body, chat=False), stream, _stream_options(body, stream), prompt=prompt,
                          echo=_bool(body, "echo"), wants_async=_bool(body, "async"), body=body,
-                         structured=structured, n=_choices(body))
+                         structured=structured, n=_choices(body), truncate=_truncate(body))

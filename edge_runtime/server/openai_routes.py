@@ -261,6 +261,8 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
         prepared_text = ""
         streams = [loaded.dispatcher.stream_remote(c.params, c) for c in choices]  # busy from here, as below
     elif multimodal:
+        if parsed.truncate is not None:  # image features and positions are the prompt's own: nothing to cut
+            raise InvalidInputError("'truncate_prompt_tokens' is not supported by vision-language models")
         # A VLM decodes, preprocesses and encodes the images in prepare: up to seconds of work that must
         # not block the event loop, with the model held busy (not unloadable) from before it starts.
         release = release or loaded.dispatcher.hold()
@@ -290,6 +292,8 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
                        for i, c in enumerate(choices)]
     else:
         prepared = loaded.model.prepare(prompt=parsed.prompt, messages=parsed.messages, tools=tools, chat=parsed.chat)
+        if parsed.truncate is not None:
+            prepared = loaded.model.truncated(prepared, parsed.truncate)
         prepared_text = prepared.text
         # busy from here (or since the grammar's compile): close them on every path
         streams = [loaded.dispatcher.stream(prepared, c.params, c, release=release if i == 0 else None)

@@ -147,6 +147,20 @@ def test_vllm_stop_token_ids_and_min_tokens_over_http_equal_the_embedded_api(ser
         assert answer.choices[0].finish_reason == alone.finish_reason
 
 
+def test_vllm_truncate_prompt_tokens_keeps_the_prompt_s_last_tokens(server: LiveServer, client: Any) -> None:
+    """vLLM's left truncation: the answer equals the embedded API's on the prompt's last k token ids;
+    -1 keeps what the context holds (here all of it)."""
+    model = local_model(server)
+    ids = model.prepare(messages=MESSAGES).ids
+    alone = model.generate(ids[-6:], max_tokens=8, ignore_eos=True)
+    answer = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=8, temperature=0,
+                                            extra_body={"ignore_eos": True, "truncate_prompt_tokens": 6})
+    assert answer.usage.prompt_tokens == 6 and answer.choices[0].message.content == alone.text
+    whole = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True, "truncate_prompt_tokens": -1})
+    assert whole.usage.prompt_tokens == len(ids) > 6
+
+
 def test_vllm_output_fields_over_http_equal_the_embedded_api(server: LiveServer, client: Any) -> None:
     model = local_model(server)
     greedy = model.generate(messages=MESSAGES, max_tokens=16, ignore_eos=True)
@@ -206,6 +220,10 @@ def test_openai_shaped_errors(client: Any) -> None:
          "'stream_options.continuous_usage_stats' is not supported"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"use_beam_search": True}),
          "'use_beam_search' is not supported by this server (got True)"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"truncate_prompt_tokens": 0}),
+         "'truncate_prompt_tokens' must be an integer >= 1, or -1 for the model's context, got 0"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"truncate_prompt_tokens": 257}),
+         "'truncate_prompt_tokens' (257) is more than chat's context of 256 tokens"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"prompt_logprobs": 2}),
          "'prompt_logprobs' is not supported by this server (got 2)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"best_of": 3}),
