@@ -187,10 +187,9 @@ class VisionPrompter:
         from edge_runtime.generation.vision.images import image_size
         from edge_runtime.generation.vision.preprocess import join_prompt
 
-        if add_special_tokens and self.processor.placeholder not in text:
-            text = self.image_marker * len(images) + text
-        parts = text.split(self.processor.placeholder)
-        if len(images) > self.max_images or len(parts) - 1 != len(images):
+        try:
+            parts = self._split(text, len(images), add_special_tokens)
+        except InvalidInputError:
             return None
         new_images = new_tokens = 0
         image_texts = []
@@ -222,14 +221,7 @@ class VisionPrompter:
         from edge_runtime.generation.vision.images import image_from_url, load_image
         from edge_runtime.generation.vision.preprocess import join_prompt
 
-        if len(images) > self.max_images:
-            raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
-        if add_special_tokens and self.processor.placeholder not in text:
-            text = self.image_marker * len(images) + text
-        parts = text.split(self.processor.placeholder)
-        if len(parts) - 1 != len(images):
-            raise InvalidInputError(f"the prompt has {len(parts) - 1} image placeholder(s) "
-                                    f"{self.processor.placeholder!r} but {len(images)} image(s) were given")
+        parts = self._split(text, len(images), add_special_tokens)
         texts = []
         for image in images:
             hit = self.features.peek_source(self.features.source_key(image.source))
@@ -241,6 +233,19 @@ class VisionPrompter:
             texts.append(self.processor.prompt_text(*decoded.size))
         special = add_special_tokens if encode_special is None else encode_special
         return self.tokenizer.tokenizer.encode(join_prompt(parts, texts), add_special_tokens=special).ids
+
+    def _split(self, text: str, images: int, add_special_tokens: bool) -> list[str]:
+        """``text`` cut at its image placeholders (a plain prompt without any gets one marker per image in
+        front); InvalidInputError for too many images or placeholders that do not pair with them."""
+        if images > self.max_images:
+            raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
+        if add_special_tokens and self.processor.placeholder not in text:
+            text = self.image_marker * images + text
+        parts = text.split(self.processor.placeholder)
+        if len(parts) - 1 != images:
+            raise InvalidInputError(f"the prompt has {len(parts) - 1} image placeholder(s) "
+                                    f"{self.processor.placeholder!r} but {images} image(s) were given")
+        return parts
 
     def _encode(self, prepared: "PreparedImage") -> np.ndarray:
         """The encoder's rows for one image, kept in the feature cache for the next prompt with it."""
