@@ -268,6 +268,19 @@ class _QwenVision(VisionGraph):
             self.single = g.op("Equal", [frames, self.const("one", np.int64(1))])
         return g.op("Cos", [angles]), g.op("Sin", [angles])
 
+    def rotary_caches(self, cos: str, sin: str) -> tuple[str, str]:
+        """The fused blocks' rotary: ONNX Runtime's ``RotaryEmbedding`` (rotate-half) with one cache row per
+        patch (``positions``' [1, patches, head_dim] cos/sin cut to their unique first half) and position
+        ids 0..patches-1 (``self.rope_positions``). One kernel per q and per k instead of six element-wise
+        ops over them (Split, Neg, Concat, Mul, Mul, Add): measured on 920 patches x 6 heads of 64, the
+        op 0.11 ms against the chain's ~0.4 ms per tensor, 16 tensors an encoder."""
+        g, half = self.g, self.s.head_dim // 2
+        count = g.op("Gather", [g.op("Shape", ["pixel_values"]), self.const("zero", np.int64(0))])
+        self.rope_positions = g.op("Unsqueeze", [g.op("Range", [self.const("zero", np.int64(0)), count,
+                                                                self.const("one", np.int64(1))]), self.ints(0)])
+        return tuple(g.op("Reshape", [g.op("Slice", [t, self.ints(0), self.ints(half), self.ints(2)]),
+                                      self.ints(-1, half)]) for t in (cos, sin))
+
     def frame_bias(self) -> str:
         """[patches, patches]: 0 within a frame, -30000 across frames."""
         return self.bias(self.same(self.frame))
@@ -290,8 +303,9 @@ class _QwenVision(VisionGraph):
         if self.fused:
             qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])  # [patches, 3, h, d]
             q, k, v = g.op("Split", [qkv, self.ints(1, 1, 1)], 3, axis=1)
-            q, k = self.rotate(q, cos, sin, d), self.rotate(k, cos, sin, d)
             q, k, v = (g.op("Reshape", [t, self.ints(1, -1, s.embed_dim)]) for t in (q, k, v))
+            q, k = (g.op("RotaryEmbedding", [t, self.rope_positions, cos, sin], domain="com.microsoft",
+                         num_heads=s.heads, interleaved=0) for t in (q, k))
             out = g.op("Reshape", [self.attend(n, q, k, v, bias, frame_bias), self.ints(-1, s.embed_dim)])
         else:
             qkv = g.op("Reshape", [self.linear(h, p + "attn.qkv"), self.ints(0, 3, s.heads, d)])
@@ -322,7 +336,7 @@ class _QwenVision(VisionGraph):
             frame_bias = self.frame_bias() if None in biases else ""
         else:
             # [patches, 1, 1, head_dim]: q and k are [patches, 1, heads, head_dim] in the fused blocks
-            cos, sin = (g.op("Reshape", [t, self.ints(-1, 1, 1, s.head_dim)]) for t in (cos, sin))
+            cos, sin = self.rotary_caches(cos, sin)
             # built only when several frames share the call (the If's other branch is a dummy)
             frame_bias = self.if_(self.single, lambda: g.op("Identity", [self.const("unused", np.zeros((1, 1, 1, 1),
                                                                                                         np.float32))]),

@@ -114,7 +114,7 @@ class _GlmVision(_QwenVision):
         cos, sin = self.positions()
         x = g.op("Add", [x, self.position_table()])
         if self.fused:
-            cos, sin = (g.op("Reshape", [t, self.ints(-1, 1, 1, s.head_dim)]) for t in (cos, sin))
+            cos, sin = self.rotary_caches(cos, sin)
             frame_bias = self.if_(self.single, lambda: g.op("Identity", [self.const("unused", np.zeros((1, 1, 1, 1),
                                                                                                         np.float32))]),
                                   lambda: g.op("Unsqueeze", [self.frame_bias(), self.ints(0, 1)]))
