@@ -384,8 +384,10 @@ async def list_models(request: web.Request) -> web.Response:
     repository = state_of(request).repository
     served = [v for v in repository.served() if isinstance(v.dispatcher, GenerationDispatcher)]
     latest = {v.name: v for v in served}  # served() is sorted by version: the last one wins
+    # the context length under both names clients read: ours and vLLM's ``max_model_len``
     entries = {name: {"id": name, "object": "model", "created": 0, "owned_by": "edge-runtime",
-                      "context_length": v.model.context_length, "loaded": True} for name, v in latest.items()}
+                      "context_length": v.model.context_length, "max_model_len": v.model.context_length,
+                      "loaded": True} for name, v in latest.items()}
     if repository.loads_on_demand:
         for name in repository.generative_on_disk():
             if name not in entries and not repository.versions_served(name):

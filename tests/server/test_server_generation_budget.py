@@ -196,7 +196,8 @@ async def test_lazy_load_through_chat_completions(aiohttp_client: Any, runtime: 
     assert loads == ["tiny"]  # one load (and warm-up) served all three
     assert (await client.get("/v2/models/tiny/ready")).status == 200
     listed = (await (await client.get("/v1/models")).json())["data"]
-    assert [(m["id"], m["loaded"], m["context_length"]) for m in listed] == [("tiny", True, MAX_SEQ_LEN)]
+    assert [(m["id"], m["loaded"], m["context_length"], m["max_model_len"]) for m in listed] == [
+        ("tiny", True, MAX_SEQ_LEN, MAX_SEQ_LEN)]  # vLLM's name for it too
     missing = await client.post("/v1/chat/completions", json={**CHAT, "model": "nosuch"})
     assert missing.status == 404 and (await missing.json())["error"]["code"] == "model_not_found"
 
