@@ -330,12 +330,20 @@ class _QwenVision(VisionGraph):
         g, s = self.g, self.s
         kernel = self.w["visual.patch_embed.proj.weight"].reshape(s.embed_dim, -1)
         x = g.op("MatMul", ["pixel_values", self.const("patch_embed", np.ascontiguousarray(kernel.T))])
-        cos, sin = self.positions()
+        x = self.blocks(x, *self.positions())
+        x = self.norm(x, "visual.merger.ln_q")
+        x = g.op("Reshape", [x, self.ints(-1, s.embed_dim * s.merge * s.merge)])
+        x = self.linear(self.act(self.linear(x, "visual.merger.mlp.0"), "gelu"), "visual.merger.mlp.2")
+        return self.finish_encoder()
+
+    def blocks(self, x: str, cos: str, sin: str) -> str:
+        """``x`` through every block, with ``positions``' rotary ``cos``/``sin`` and the biases of
+        ``block_biases``."""
+        g = self.g
         biases = self.block_biases()
         if not self.fused:
             frame_bias = self.frame_bias() if None in biases else ""
         else:
-            # [patches, 1, 1, head_dim]: q and k are [patches, 1, heads, head_dim] in the fused blocks
             cos, sin = self.rotary_caches(cos, sin)
             # built only when several frames share the call (the If's other branch is a dummy)
             frame_bias = self.if_(self.single, lambda: g.op("Identity", [self.const("unused", np.zeros((1, 1, 1, 1),
@@ -344,10 +352,12 @@ class _QwenVision(VisionGraph):
                                   ) if None in biases else ""
         for n, block_bias in enumerate(biases):
             x = self.block(x, n, cos, sin, block_bias, frame_bias)
-        x = self.norm(x, "visual.merger.ln_q")
-        x = g.op("Reshape", [x, self.ints(-1, s.embed_dim * s.merge * s.merge)])
-        x = self.linear(self.act(self.linear(x, "visual.merger.mlp.0"), "gelu"), "visual.merger.mlp.2")
-        g.nodes[-1].output[0] = "image_features"
+        return x
+
+    def finish_encoder(self) -> onnx.ModelProto:
+        """The model, the last node's output named ``image_features``; inputs ``pixel_values`` and the grid."""
+        s = self.s
+        self.g.nodes[-1].output[0] = "image_features"
         inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
                   helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
         out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", s.out_hidden])

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from edge_runtime.vision_graphs import QwenVisionSpec, _QwenVision
 
@@ -111,17 +111,8 @@ class _GlmVision(_QwenVision):
         x = g.op("MatMul", ["pixel_values", self.const("patch_embed", np.ascontiguousarray(kernel.T))])
         x = g.op("Add", [x, self.const("patch_embed.bias", self.w["visual.patch_embed.proj.bias"])])
         x = self.norm(x, "visual.post_conv_layernorm")
-        cos, sin = self.positions()
-        x = g.op("Add", [x, self.position_table()])
-        if self.fused:
-            cos, sin = self.rotary_caches(cos, sin)
-            frame_bias = self.if_(self.single, lambda: g.op("Identity", [self.const("unused", np.zeros((1, 1, 1, 1),
-                                                                                                        np.float32))]),
-                                  lambda: g.op("Unsqueeze", [self.frame_bias(), self.ints(0, 1)]))
-        else:
-            frame_bias = self.frame_bias()
-        for n in range(s.depth):
-            x = self.block(x, n, cos, sin, None, frame_bias)
+        cos, sin = self.positions()  # before the table: it reads the rows and columns positions() finds
+        x = self.blocks(g.op("Add", [x, self.position_table()]), cos, sin)
         x = self.norm(x, "visual.post_layernorm")
         # downsample: Conv2d(kernel = stride = merge) over each merge block's rows, in (row, column, channel) order
         conv = self.w["visual.downsample.weight"]  # [out, embed, merge, merge]
@@ -134,12 +125,8 @@ class _GlmVision(_QwenVision):
             x, self.const("merger.norm", self.w["visual.merger.post_projection_norm.weight"]),
             self.const("merger.norm.bias", self.w["visual.merger.post_projection_norm.bias"])], axis=-1, epsilon=1e-5),
             "gelu")
-        x = self.mlp(x, "visual.merger.", width="")
-        g.nodes[-1].output[0] = "image_features"
-        inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
-                  helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
-        out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", s.out_hidden])
-        return self.finish("glm4v_vision_encoder", inputs, [out])
+        self.mlp(x, "visual.merger.", width="")
+        return self.finish_encoder()
 
 
 def build_glm4v_vision(spec: GlmVisionSpec, weights: dict[str, np.ndarray], fused: bool = False) -> onnx.ModelProto:

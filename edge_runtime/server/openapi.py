@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from edge_runtime.protocol.codec import DATATYPES
+from edge_runtime.server.errors import OPENAI_PATHS
 
 if TYPE_CHECKING:
     from edge_runtime.server.routes import Route
@@ -130,8 +131,7 @@ def _operation(route: "Route", public: bool) -> dict[str, Any]:
     if inference:
         responses["202"] = {"description": "Accepted as an async task", "content": _content("Task"),
                             "headers": {"Location": {"schema": _STR}}}
-    # the OpenAI-compatible routes (/v1/..., vLLM's /tokenize and /detokenize) answer OpenAI error objects
-    error = {"content": _content("OpenAIError" if route.tag == "openai" else "Error")}
+    error = {"content": _content("OpenAIError" if route.path.startswith(OPENAI_PATHS) else "Error")}
     for status, text in _ERRORS.items():
         if status == "401" and public:
             continue

@@ -44,33 +44,15 @@ _BICUBIC = 3
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
-                 where: str = "image") -> tuple[int, int]:
-    """(height, width) rounded to multiples of ``factor`` with the area in [min_pixels, max_pixels].
+                 where: str = "image", frames: int = 1, min_side: int = 0) -> tuple[int, int]:
+    """(height, width) rounded to multiples of ``factor`` with frames x the area in [min_pixels, max_pixels].
 
-    Same arithmetic as transformers' ``smart_resize`` (Python's round-half-even included).
+    Same arithmetic as transformers' ``smart_resize`` (Python's round-half-even included). GLM-4.1V's
+    counts a still image as its ``frames`` (temporal_patch_size) copies and refuses a side shorter than
+    ``min_side``; Qwen's takes one frame and no minimum.
     """
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise InvalidInputError(f"{where}: expected an aspect ratio of at most {MAX_ASPECT_RATIO}, got "
-                                f"{width}x{height} ({max(height, width) / min(height, width):.1f})")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def glm_smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int,
-                     where: str = "image") -> tuple[int, int]:
-    """GLM-4.1V's ``smart_resize`` for a still image (``frames`` = temporal_patch_size copies of it): the
-    area bounds apply to frames x height x width, and a side shorter than ``factor`` is refused."""
-    if height < factor or width < factor:
-        raise InvalidInputError(f"{where}: expected both sides at least {factor} pixels, got {width}x{height}")
+    if height < min_side or width < min_side:
+        raise InvalidInputError(f"{where}: expected both sides at least {min_side} pixels, got {width}x{height}")
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise InvalidInputError(f"{where}: expected an aspect ratio of at most {MAX_ASPECT_RATIO}, got "
                                 f"{width}x{height} ({max(height, width) / min(height, width):.1f})")
@@ -174,8 +156,8 @@ class GlmImageProcessor(QwenImageProcessor):
     default_min_pixels, default_max_pixels = 112 * 112, 28 * 28 * 15000
 
     def smart_resize(self, height: int, width: int, where: str) -> tuple[int, int]:
-        return glm_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
-                                self.temporal_patch_size, where)
+        return smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels, where,
+                            frames=self.temporal_patch_size, min_side=self.factor)
 
 
 def _first(*values: Any) -> int:
