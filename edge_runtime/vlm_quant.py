@@ -145,13 +145,11 @@ class Int8Quantized(QuantizedOnRead):
     ``optimize.per_token_int8`` computes from an fp32 weight; it then keeps them (``only_given``)."""
 
     def quantize(self, weight: Any) -> Any:
-        import numpy as np
-
         from edge_runtime.decoder_zoo import Int8Weight
+        from edge_runtime.optimize.per_token_int8 import int8_columns
 
-        scale = np.maximum(np.abs(weight).max(axis=1) / 127.0, 1e-30).astype(np.float32)  # per output row
-        q = np.clip(np.round(weight / scale[:, None]), -127, 127).astype(np.int8)
-        return Int8Weight(q, scale)
+        q, scale = int8_columns(weight.T)  # the MatMul's [K, N]: one scale per output
+        return Int8Weight(q.T, scale)
 
 
 def per_token_given(proto: Any) -> Any:

@@ -122,9 +122,7 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
             w_name, scale_name = f"{name}.int8", f"{name}.int8_scale"
             if name not in converted:  # a weight read by two MatMuls (tied) is converted once
                 converted.add(name)
-                w = numpy_helper.to_array(weight).astype(np.float32)
-                column_scale = np.maximum(np.abs(w).max(axis=0) / limit, 1e-30).astype(np.float32)
-                w_int8 = np.clip(np.round(w / column_scale), -limit, limit).astype(np.int8)
+                w_int8, column_scale = int8_columns(numpy_helper.to_array(weight), limit)
                 added += [numpy_helper.from_array(w_int8, w_name), numpy_helper.from_array(column_scale, scale_name)]
             if readers[name] == matmul_readers[name]:
                 replaced.add(name)  # read only by MatMuls that are all rewritten: the fp32 copy goes
@@ -145,6 +143,14 @@ def per_token_int8(proto: Any, settings: Int8Settings, exclude: Collection[str] 
     del graph.initializer[:]
     graph.initializer.extend(kept + constants + added)
     return proto, sum(1 for n in nodes if n.op_type == "MatMulInteger")
+
+
+def int8_columns(weight: np.ndarray, limit: float = 127.0) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 [K, N], scale [N]) of a MatMul weight [K, N]: symmetric, one scale per output column
+    (``max |W[:, n]| / limit``)."""
+    w = np.asarray(weight, np.float32)
+    scale = np.maximum(np.abs(w).max(axis=0) / limit, 1e-30).astype(np.float32)
+    return np.clip(np.round(w / scale), -limit, limit).astype(np.int8), scale
 
 
 def _given_int8(node: Any, weights: dict[str, Any], limit: float) -> tuple[str, str, str] | None:
