@@ -24,7 +24,10 @@ The VLM decoder (``inputs_embeds=True``: ``inputs_embeds`` [batch, seq, hidden] 
 GroupQueryAttention. M-RoPE (Qwen2-VL/Qwen2.5-VL: ``position_ids`` [3, batch, seq]) gives each
 rotary channel its angle from one of three positions, which GroupQueryAttention's one-position
 rotary cannot express: there the graph rotates the packed query and key heads itself (rotate-half,
-as ``decoder_zoo``) and runs GroupQueryAttention with ``do_rotary=0`` (no cos/sin caches).
+as ``decoder_zoo``) and runs GroupQueryAttention with ``do_rotary=0`` (no cos/sin caches); Qwen3-VL's
+normed query and key heads are rotated the same way and passed unpacked. Its deepstack sets (a
+widened ``inputs_embeds``, ``decoder_zoo.DecoderShape.deepstack``) join the residual with the MLP
+output of the first layers, ahead of the next ``SkipSimplifiedLayerNormalization``.
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ class _FusedDecoder(_Decoder):
         the heads of a [batch, seq, heads, head_dim] tensor (the packed projection's own layout)."""
         return tuple(self.g.op("Transpose", [t], perm=[0, 2, 1, 3]) for t in self.mrope_cos_sin())
 
+    def rotate_heads(self, y: str, count: int, cos: str, sin: str) -> str:
+        """[batch, seq, count * head_dim] with each head rotated by ``mrope_rotary``'s cos/sin, same layout."""
+        g, d = self.g, self.s.head_dim
+        heads = g.op("Reshape", [y, self.const("shape", np.array([0, 0, count, d], np.int64))])
+        return g.op("Reshape", [self.rotate(heads, cos, sin), self.const("shape", np.array([0, 0, -1], np.int64))])
+
     def rotate_packed(self, packed: str, cos: str, sin: str) -> str:
         """The packed QKV with its query and key heads rotated (the value heads untouched), still packed."""
         s, g = self.s, self.g
@@ -103,7 +112,7 @@ class _FusedDecoder(_Decoder):
         total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"]), self.const("one", np.int64(1))])],
                      to=TensorProto.INT32)
         cos, sin = self.mrope_rotary() if self.mrope else self.rotary_caches()
-        x = "inputs_embeds" if self.embeds else self.embedding()
+        x = self.first_hidden()
         h, residual = self.simplified_norm(x, "model.layers.0.input_layernorm.weight")
         inputs, outputs = [], []
         kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", s.head_dim]
@@ -113,9 +122,11 @@ class _FusedDecoder(_Decoder):
             past_k, past_v = f"past_key_values.{n}.key", f"past_key_values.{n}.value"
             packed = self.packed_qkv(h, p)
             qkv = self.normed_qk(packed, p) if s.qk_norm else [packed, "", ""]
-            if self.mrope:  # rotated here; GroupQueryAttention only attends
-                if s.qk_norm:
-                    raise ValueError("M-RoPE with q/k norms is not built")
+            if self.mrope and s.qk_norm:  # Qwen3-VL: normed, then rotated here, unpacked
+                q, k, v = qkv
+                rotary = [self.rotate_heads(q, s.heads, cos, sin), self.rotate_heads(k, s.kv_heads, cos, sin), v,
+                          past_k, past_v, seqlens_k, total]
+            elif self.mrope:  # rotated here; GroupQueryAttention only attends
                 rotary = [self.rotate_packed(packed, cos, sin), "", "", past_k, past_v, seqlens_k, total]
             else:
                 rotary = [*qkv, past_k, past_v, seqlens_k, total, cos, sin, "position_ids"]
@@ -128,16 +139,16 @@ class _FusedDecoder(_Decoder):
             gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])
             act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
             following = f"model.layers.{n + 1}.input_layernorm.weight" if n + 1 < s.layers else "model.norm.weight"
-            h, residual = self.simplified_norm(self.post_norm(self.linear(act, p + "mlp.down_proj"),
-                                                              p + "post_mlp_layernorm.weight"), following, residual)
+            mlp_out = self.post_norm(self.linear(act, p + "mlp.down_proj"), p + "post_mlp_layernorm.weight")
+            if n < s.deepstack:  # Qwen3-VL: this layer's deepstack set joins the residual stream
+                mlp_out = g.op("Add", [mlp_out, self.deepstack_rows[n]])
+            h, residual = self.simplified_norm(mlp_out, following, residual)
             inputs += [helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),
                        helper.make_tensor_value_info(past_v, TensorProto.FLOAT, kv_shape)]
             outputs += [helper.make_tensor_value_info(f"present.{n}.key", TensorProto.FLOAT, out_shape),
                         helper.make_tensor_value_info(f"present.{n}.value", TensorProto.FLOAT, out_shape)]
         keep = self.lm_head(h)
-        first = (helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
-                                               ["batch_size", "sequence_length", s.hidden]) if self.embeds else
-                 helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+        first = self.first_input()
         positions = ([3] if self.mrope else []) + ["batch_size", "sequence_length"]
         graph_inputs = [
             first,

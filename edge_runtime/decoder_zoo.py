@@ -61,10 +61,22 @@ class DecoderShape:
     rotary_dim: int = 0
     rotary_interleaved: bool = False
     post_norms: bool = False
+    # Qwen3-VL: the M-RoPE frequencies interleaved over t/h/w (frequency i takes axis i % 3 while i is
+    # inside that axis's ``mrope_section``, else t) instead of in contiguous sections; and ``deepstack``
+    # vision feature sets, each added to the hidden states after one of the first ``deepstack`` layers.
+    # They ride in ``inputs_embeds``, widened to ``hidden * (1 + deepstack)`` (see ``vlm_parts``): the
+    # first ``hidden`` channels are the embedding, then one ``hidden`` slice per set (zero on text rows).
+    mrope_interleaved: bool = False
+    deepstack: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.hidden // self.heads
+
+    @property
+    def embeds_width(self) -> int:
+        """Channels of ``inputs_embeds``: the hidden size, times (1 + deepstack) for Qwen3-VL."""
+        return self.hidden * (1 + self.deepstack)
 
     @property
     def rotated_dim(self) -> int:
@@ -215,13 +227,35 @@ class _Decoder:
         if self.mrope and 2 * sum(self.mrope) != shape.rotated_dim:
             raise ValueError(f"mrope_section {list(self.mrope)} sums to {sum(self.mrope)}; expected half the rotated "
                              f"channels, {shape.rotated_dim // 2}")
-        if (shape.rotary_dim or shape.rotary_interleaved) and not self.mrope:
-            raise ValueError("partial or interleaved rotary is built with M-RoPE (GLM-4.1V) only")
+        if (shape.rotary_dim or shape.rotary_interleaved or shape.mrope_interleaved) and not self.mrope:
+            raise ValueError("partial or interleaved rotary is built with M-RoPE (GLM-4.1V, Qwen3-VL) only")
+        if shape.deepstack and not inputs_embeds:
+            raise ValueError("deepstack features ride in inputs_embeds: a decoder with them takes embeddings")
+        if shape.deepstack > shape.layers:
+            raise ValueError(f"{shape.deepstack} deepstack feature sets for {shape.layers} layers")
         if shape.rotated_dim > shape.head_dim or shape.rotated_dim % 2:
             raise ValueError(f"rotary_dim {shape.rotary_dim} must be even and at most head_dim {shape.head_dim}")
 
     def const(self, name: str, value: np.ndarray) -> str:
         return self.g.const(name, value)
+
+    def first_hidden(self) -> str:
+        """The hidden states entering layer 0: ``inputs_embeds`` (its first ``hidden`` channels when it carries
+        deepstack sets, which go to ``self.deepstack_rows``), or the embedding of ``input_ids``."""
+        self.deepstack_rows: list[str] = []
+        if not self.embeds:
+            return self.embedding()
+        if not self.s.deepstack:
+            return "inputs_embeds"
+        sizes = self.const("split", np.full(1 + self.s.deepstack, self.s.hidden, np.int64))
+        x, *self.deepstack_rows = self.g.op("Split", ["inputs_embeds", sizes], 1 + self.s.deepstack, axis=-1)
+        return x
+
+    def first_input(self) -> onnx.ValueInfoProto:
+        if self.embeds:
+            return helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
+                                                 ["batch_size", "sequence_length", self.s.embeds_width])
+        return helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
 
     def lm_head(self, x: str) -> onnx.ValueInfoProto:
         """``logits`` from the final hidden states ``x``, of the last ``logits_to_keep`` positions only (0, its
@@ -360,12 +394,20 @@ class _Decoder:
         holds each channel's frequency in its axis's row (zeros elsewhere) gives every angle: the
         same single float32 product as transformers' ``inv_freq @ position_ids``, so no table bounds.
         GLM-4.1V (``rotary_interleaved``): frequency i of the ``rotary_dim`` rotated channels takes its axis
-        from ``mrope_section`` over the first half and turns channels 2i and 2i + 1."""
+        from ``mrope_section`` over the first half and turns channels 2i and 2i + 1. Qwen3-VL
+        (``mrope_interleaved``): frequency i takes axis i % 3 while i < 3 * that axis's section, else t
+        (transformers' ``apply_interleaved_mrope``)."""
         g, d = self.g, self.s.rotated_dim
         inv_freq = (1.0 / (np.float32(self.s.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))))
         if self.s.rotary_interleaved:  # GLM: frequency i's section by the first half, on channels 2i and 2i + 1
             inv_freq = np.repeat(inv_freq, 2).astype(np.float32)
             axis = np.repeat(np.concatenate([np.full(n, i) for i, n in enumerate(self.mrope)]), 2)
+        elif self.s.mrope_interleaved:  # Qwen3-VL: frequency i from axis i % 3 within that axis's section
+            inv_freq = np.concatenate([inv_freq, inv_freq]).astype(np.float32)
+            frequency = np.arange(d // 2)
+            axis = np.where((frequency % 3 > 0) & (frequency < 3 * np.asarray(self.mrope)[frequency % 3]),
+                            frequency % 3, 0)
+            axis = np.concatenate([axis, axis])
         else:
             inv_freq = np.concatenate([inv_freq, inv_freq]).astype(np.float32)
             axis = np.concatenate([np.full(n, i % 3) for i, n in enumerate(self.mrope * 2)])
@@ -393,7 +435,7 @@ class _Decoder:
         allowed = g.op("And", [causal, keep])  # [batch, seq, total]
         allowed = g.op("Unsqueeze", [allowed, self.const("ax", np.array([1, 2], np.int64))])
         bias = g.op("Where", [allowed, self.const("open", np.float32(0.0)), self.const("closed", np.float32(-1e9))])
-        x = "inputs_embeds" if self.embeds else self.embedding()
+        x = self.first_hidden()
         inputs, outputs = [], []
         for n in range(s.layers):
             p = f"model.layers.{n}."
@@ -428,6 +470,8 @@ class _Decoder:
             gate, up = self.fused_linear(h, [p + "mlp.gate_proj", p + "mlp.up_proj"])
             act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
             x = g.op("Add", [x, self.post_norm(self.linear(act, p + "mlp.down_proj"), p + "post_mlp_layernorm.weight")])
+            if n < s.deepstack:
+                x = g.op("Add", [x, self.deepstack_rows[n]])
             kv_shape = ["batch_size", s.kv_heads, "past_sequence_length", d]
             out_shape = ["batch_size", s.kv_heads, "past_sequence_length + sequence_length", d]
             inputs += [helper.make_tensor_value_info(past_k, TensorProto.FLOAT, kv_shape),
@@ -435,11 +479,8 @@ class _Decoder:
             outputs += [helper.make_tensor_value_info(present_k, TensorProto.FLOAT, out_shape),
                         helper.make_tensor_value_info(present_v, TensorProto.FLOAT, out_shape)]
         keep = self.lm_head(self.rms_norm(x, "model.norm.weight"))
-        first = (helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
-                                               ["batch_size", "sequence_length", s.hidden]) if self.embeds else
-                 helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
         positions = ([3] if self.mrope else []) + ["batch_size", "sequence_length"]
-        graph_inputs = [first, helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+        graph_inputs = [self.first_input(), helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                                              ["batch_size", "past_sequence_length + sequence_length"]),
                         helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions)]
         logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logits_length", s.vocab])

@@ -336,9 +336,9 @@ class _QwenVision(VisionGraph):
         x = self.linear(self.act(self.linear(x, "visual.merger.mlp.0"), "gelu"), "visual.merger.mlp.2")
         return self.finish_encoder()
 
-    def blocks(self, x: str, cos: str, sin: str) -> str:
+    def blocks(self, x: str, cos: str, sin: str, after: Callable[[int, str], object] | None = None) -> str:
         """``x`` through every block, with ``positions``' rotary ``cos``/``sin`` and the biases of
-        ``block_biases``."""
+        ``block_biases``; ``after(n, out)`` is called with each block's output (Qwen3-VL's DeepStack taps)."""
         g = self.g
         biases = self.block_biases()
         if not self.fused:
@@ -352,15 +352,18 @@ class _QwenVision(VisionGraph):
                                   ) if None in biases else ""
         for n, block_bias in enumerate(biases):
             x = self.block(x, n, cos, sin, block_bias, frame_bias)
+            if after is not None:
+                after(n, x)
         return x
 
-    def finish_encoder(self) -> onnx.ModelProto:
-        """The model, the last node's output named ``image_features``; inputs ``pixel_values`` and the grid."""
+    def finish_encoder(self, width: int | None = None) -> onnx.ModelProto:
+        """The model, the last node's output named ``image_features`` [tokens, ``width``: the text hidden size
+        unless given]; inputs ``pixel_values`` and the grid."""
         s = self.s
         self.g.nodes[-1].output[0] = "image_features"
         inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
                   helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
-        out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", s.out_hidden])
+        out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", width or s.out_hidden])
         return self.finish(f"{s.config()['model_type']}_vision_encoder", inputs, [out])
 
 

@@ -86,7 +86,7 @@ def write_vlm_text_files(folder: Path, family: str, vocab: int, seed: int = 0,
     from edge_runtime.tokenizer_zoo import _train
 
     folder = Path(folder)
-    qwen = family in ("qwen2_vl", "qwen2_5_vl")
+    qwen = family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
     extra = (QWEN_SPECIALS if qwen else GLM_SPECIALS if family == "glm4v"
              else ("<|im_start|>", "<|im_end|>", *IDEFICS_SPECIALS))
     specials = _train(folder, vocab, "qwen2", seed, extra)
@@ -113,10 +113,12 @@ def write_vlm_text_files(folder: Path, family: str, vocab: int, seed: int = 0,
 
 def qwen_preprocessor_config(family: str, min_pixels: int, max_pixels: int, patch: int = 14, merge: int = 2,
                              temporal: int = 2) -> dict:
-    return {"image_processor_type": "Qwen2VLImageProcessor",
-            "processor_class": "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else "Qwen2VLProcessor",
+    """Qwen2VLImageProcessor's file; Qwen3-VL's normalises with mean and std 0.5 (its patch size is the caller's)."""
+    mean, std = ([0.5] * 3, [0.5] * 3) if family == "qwen3_vl" else (CLIP_MEAN, CLIP_STD)
+    processor = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}.get(family, "Qwen2VLProcessor")
+    return {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": processor,
             "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-            "do_convert_rgb": True, "resample": 3, "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
+            "do_convert_rgb": True, "resample": 3, "image_mean": mean, "image_std": std,
             "min_pixels": min_pixels, "max_pixels": max_pixels,
             "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
             "patch_size": patch, "temporal_patch_size": temporal, "merge_size": merge}

@@ -6,9 +6,11 @@
 ``*ForConditionalGeneration`` model, the weights are named as its ``model.safetensors``
 names them (the legacy ``visual.*`` / ``model.*`` names transformers saves for Qwen2-VL,
 or the newer ``model.visual.*`` / ``model.language_model.*``; both are accepted). Families:
-Qwen2-VL, Qwen2.5-VL, Idefics3, SmolVLM and GLM-4.1V (``glm4v``: ``vision_graphs_glm4v`` and the
+Qwen2-VL, Qwen2.5-VL, Idefics3, SmolVLM, GLM-4.1V (``glm4v``: ``vision_graphs_glm4v`` and the
 decoder with GLM-4's partial interleaved rotary and post-norms, its fused ``gate_up_proj`` read
-as two halves).
+as two halves) and Qwen3-VL (``qwen3_vl``: ``vision_graphs_qwen3vl``; a Qwen3 decoder with
+interleaved M-RoPE whose ``inputs_embeds`` also carries the DeepStack feature sets, which
+``embed_tokens`` pads with zeros on text rows and the vision encoder appends to its image rows).
 ``save_parts`` writes them as ``onnx/<part>.onnx`` (+ ``_fp16``). Used by ``vlm_zoo``
 (random weights) and by the converter (a checkpoint's weights): both write the same graphs.
 """
@@ -32,9 +34,10 @@ log = logging.getLogger(__name__)
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 GLM_FAMILIES = ("glm4v",)
-MROPE_FAMILIES = QWEN_FAMILIES + GLM_FAMILIES  # decoder position_ids [3, batch, seq]; checkpoints name their
-# towers model.visual.* and their text models model.language_model.*
-SUPPORTED_MODEL_TYPES = QWEN_FAMILIES + IDEFICS_FAMILIES + GLM_FAMILIES
+QWEN3_FAMILIES = ("qwen3_vl",)
+MROPE_FAMILIES = QWEN_FAMILIES + GLM_FAMILIES + QWEN3_FAMILIES  # decoder position_ids [3, batch, seq];
+# checkpoints name their towers model.visual.* and their text models model.language_model.*
+SUPPORTED_MODEL_TYPES = QWEN_FAMILIES + IDEFICS_FAMILIES + GLM_FAMILIES + QWEN3_FAMILIES
 
 
 def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,7 +50,9 @@ def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
     text = text_config(config)
     heads = text["num_attention_heads"]
     glm = config.get("model_type") in GLM_FAMILIES
-    head_dim = text["hidden_size"] // heads
+    qwen3 = config.get("model_type") in QWEN3_FAMILIES
+    head_dim = int(text.get("head_dim") or 0) if qwen3 else 0
+    head_dim = head_dim or text["hidden_size"] // heads
     factor = float(text.get("partial_rotary_factor", 1.0))
     if factor != 1.0 and not glm:
         raise ValueError(f"partial_rotary_factor {factor} is built for glm4v only")
@@ -57,7 +62,9 @@ def decoder_shape(config: Mapping[str, Any]) -> DecoderShape:
                          vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 2048),
                          rope_theta=float(text.get("rope_theta", 10000.0)), rms_eps=text.get("rms_norm_eps", 1e-6),
                          rotary_dim=rotary_dim if rotary_dim != head_dim else 0, rotary_interleaved=glm,
-                         post_norms=glm)
+                         post_norms=glm, attention_head_dim=head_dim if qwen3 else 0, qk_norm=qwen3,
+                         mrope_interleaved=qwen3, deepstack=len((config.get("vision_config") or {}).get(
+                             "deepstack_visual_indexes") or ()) if qwen3 else 0)
     if text.get("hidden_act", "silu") != "silu":
         raise ValueError(f"text hidden_act {text['hidden_act']!r} is not supported: expected silu")
     rope = text.get("rope_scaling") or {}
@@ -155,16 +162,19 @@ def vision_weights(family: str, weights: Mapping[str, np.ndarray]) -> RenamedWei
     return RenamedWeights(weights, names)
 
 
-def build_embed_tokens(table: np.ndarray) -> onnx.ModelProto:
-    """``input_ids`` [batch, seq] -> ``inputs_embeds`` [batch, seq, hidden]: one Gather."""
+def build_embed_tokens(table: np.ndarray, zero_columns: int = 0) -> onnx.ModelProto:
+    """``input_ids`` [batch, seq] -> ``inputs_embeds`` [batch, seq, hidden]: one Gather; with ``zero_columns``
+    (Qwen3-VL: room for the DeepStack sets, which only image rows carry) a Pad of that many zeros after."""
     table = np.asarray(table, np.float32)
     g = _GraphBuilder(0)
-    g.op("Gather", [g.const("embed_tokens.weight", table), "input_ids"])
+    rows = g.op("Gather", [g.const("embed_tokens.weight", table), "input_ids"])
+    if zero_columns:
+        g.op("Pad", [rows, g.const("pads", np.array([0, 0, 0, 0, 0, zero_columns], np.int64))])
     g.nodes[-1].output[0] = "inputs_embeds"
     return g.model("embed_tokens",
                    [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
                    [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT,
-                                                  ["batch_size", "sequence_length", table.shape[1]])])
+                                                  ["batch_size", "sequence_length", table.shape[1] + zero_columns])])
 
 
 def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tuple[int, ...] | None, Any]:
@@ -179,6 +189,8 @@ def check_vlm_config(config: Mapping[str, Any]) -> tuple[str, DecoderShape, tupl
         from edge_runtime.vision_graphs_qwen25 import qwen25_vision_spec as vision_spec
     elif family == "glm4v":
         from edge_runtime.vision_graphs_glm4v import glm_vision_spec as vision_spec
+    elif family == "qwen3_vl":
+        from edge_runtime.vision_graphs_qwen3vl import qwen3_vision_spec as vision_spec
     else:
         from edge_runtime.vision_graphs_idefics import idefics_vision_spec as vision_spec
     mrope, shape = mrope_section(config) if family in MROPE_FAMILIES else None, decoder_shape(config)
@@ -222,10 +234,13 @@ def iter_vlm_parts(config: Mapping[str, Any], weights: Mapping[str, np.ndarray],
         from edge_runtime.vision_graphs_qwen25 import build_qwen2_5_vl_vision as build_vision
     elif family == "glm4v":
         from edge_runtime.vision_graphs_glm4v import build_glm4v_vision as build_vision
+    elif family == "qwen3_vl":
+        from edge_runtime.vision_graphs_qwen3vl import build_qwen3_vl_vision as build_vision
     else:
         from edge_runtime.vision_graphs_idefics import build_idefics3_vision as build_vision
     builders = {"vision_encoder": lambda: build_vision(spec, vision, fused=fused),
-                "embed_tokens": lambda: build_embed_tokens(text["model.embed_tokens.weight"]),
+                "embed_tokens": lambda: build_embed_tokens(text["model.embed_tokens.weight"],
+                                                           shape.embeds_width - shape.hidden),
                 "decoder_model_merged": lambda: build_vlm_decoder(shape, text, mrope, fused_decoder)}
     for name, build in builders.items():
         if data_dir is None:

@@ -12,7 +12,7 @@ weights are drawn from ``seed`` under the names a transformers checkpoint uses
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ from edge_runtime.decoder_zoo import DecoderShape
 from edge_runtime.decoder_zoo import random_weights as decoder_weights
 from edge_runtime.vision_graphs import QwenVisionSpec
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v", "qwen3_vl")
 ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                  "idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration",
-                 "glm4v": "Glm4vForConditionalGeneration"}
+                 "glm4v": "Glm4vForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
 GLM_ROTARY_FACTOR = 0.5  # GLM-4.1V's partial_rotary_factor: half of each head's channels rotate
 
 
@@ -57,6 +57,10 @@ def vision_spec(family: str, shape: VLMShape) -> Any:
 
         hidden = shape.text.hidden
         return GlmVisionSpec(out_hidden=hidden, mlp_hidden=hidden, merger_hidden=2 * hidden)
+    if family == "qwen3_vl":  # a 4x4 position table, DeepStack sets from both blocks
+        from edge_runtime.vision_graphs_qwen3vl import Qwen3VisionSpec
+
+        return Qwen3VisionSpec(out_hidden=shape.text.hidden, mlp_hidden=64, positions=16, deepstack=(0, 1))
     from edge_runtime.vision_graphs_idefics import IdeficsVisionSpec
 
     return IdeficsVisionSpec(text_hidden=shape.text.hidden)
@@ -131,6 +135,39 @@ def _glm_text_weights(text: dict[str, np.ndarray], shape: DecoderShape,
     return out
 
 
+def _qwen3_vision_weights(spec: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    e, m, o = spec.embed_dim, spec.embed_dim * spec.merge ** 2, spec.out_hidden
+    w = {"visual.patch_embed.proj.weight": _normal(rng, e, spec.channels, spec.temporal, spec.patch, spec.patch,
+                                                   scale=0.05),
+         "visual.patch_embed.proj.bias": _normal(rng, e, scale=0.1),
+         "visual.pos_embed.weight": _normal(rng, spec.positions, e, scale=0.2)}
+    mergers = [("visual.merger.", e)] + [(f"visual.deepstack_merger_list.{i}.", m) for i in range(len(spec.deepstack))]
+    for prefix, norm in mergers:
+        w.update({prefix + "norm.weight": 1 + _normal(rng, norm, scale=0.1),
+                  prefix + "norm.bias": _normal(rng, norm, scale=0.1),
+                  prefix + "linear_fc1.weight": _normal(rng, m, m, scale=0.1),
+                  prefix + "linear_fc1.bias": _normal(rng, m, scale=0.1),
+                  prefix + "linear_fc2.weight": _normal(rng, o, m, scale=0.05),
+                  prefix + "linear_fc2.bias": _normal(rng, o, scale=0.05)})
+    for n in range(spec.depth):
+        p = f"visual.blocks.{n}."
+        for norm in ("norm1", "norm2"):
+            w[p + norm + ".weight"], w[p + norm + ".bias"] = 1 + _normal(rng, e, scale=0.1), _normal(rng, e, scale=0.1)
+        for name, (rows, cols) in {"attn.qkv": (3 * e, e), "attn.proj": (e, e),
+                                   "mlp.linear_fc1": (spec.mlp_hidden, e),
+                                   "mlp.linear_fc2": (e, spec.mlp_hidden)}.items():
+            w[p + name + ".weight"] = _normal(rng, rows, cols, scale=0.2)
+            w[p + name + ".bias"] = _normal(rng, rows, scale=0.1)
+    return {"model." + name: value for name, value in w.items()}  # as Qwen3-VL checkpoints name them
+
+
+def text_shape(family: str, shape: VLMShape) -> DecoderShape:
+    """The decoder's shape: ``shape.text``, with Qwen3-VL's q/k norms, interleaved M-RoPE and DeepStack sets."""
+    if family != "qwen3_vl":
+        return shape.text
+    return replace(shape.text, qk_norm=True, mrope_interleaved=True, deepstack=len(vision_spec(family, shape).deepstack))
+
+
 def glm_mrope_section(rotated_half: int) -> tuple[int, int, int]:
     """GLM-4.1V's split of the rotated frequencies over (t, h, w): [8, 12, 12] of 32, in proportion."""
     h = 3 * rotated_half // 8
@@ -141,7 +178,10 @@ def random_vlm_weights(family: str, shape: VLMShape, seed: int = 0) -> dict[str,
     """Checkpoint-named random weights (Qwen: ``visual.*``, ``model.*``; Idefics3: ``model.text_model.*``...)."""
     rng = np.random.default_rng(seed + 1000)
     spec = vision_spec(family, shape)
-    text = decoder_weights(shape.text, seed)
+    text = decoder_weights(text_shape(family, shape), seed)
+    if family == "qwen3_vl":  # Qwen3's text model: no q/k/v biases, under model.language_model., tied head
+        text = {"model.language_model." + k[len("model."):]: v for k, v in text.items() if not k.endswith("_proj.bias")}
+        return {**text, **_qwen3_vision_weights(spec, rng)}
     if family == "glm4v":
         return {**_glm_text_weights(text, shape.text, rng), **_glm_vision_weights(spec, rng)}
     if family == "qwen2_vl":
@@ -177,6 +217,14 @@ def vlm_config(family: str, shape: VLMShape, ids: dict[str, int]) -> dict[str, A
         config = {**text, "text_config": dict(text), "vision_config": spec.config(),
                   "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
                   "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+    elif family == "qwen3_vl":
+        text.update(model_type="qwen3_vl_text", tie_word_embeddings=True, head_dim=shape.text.head_dim,
+                    attention_bias=False, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                    rope_scaling={"rope_type": "default", "mrope_interleaved": True,
+                                  "mrope_section": list(shape.mrope_section)})
+        config = {"text_config": text, "vision_config": spec.config(), "image_token_id": ids["<|image_pad|>"],
+                  "video_token_id": ids["<|video_pad|>"], "vision_start_token_id": ids["<|vision_start|>"],
+                  "vision_end_token_id": ids["<|vision_end|>"], "tie_word_embeddings": True}
     elif family == "glm4v":
         rotated_half = int(shape.text.head_dim * GLM_ROTARY_FACTOR) // 2
         text.update(model_type="glm4v_text", tie_word_embeddings=False, partial_rotary_factor=GLM_ROTARY_FACTOR,
@@ -219,8 +267,9 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
     config["transformers.js_config"] = {"use_external_data_format": external}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     text = config.get("text_config", config)
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        processor = qwen_preprocessor_config(family, shape.min_pixels, shape.max_pixels)
+    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        processor = qwen_preprocessor_config(family, shape.min_pixels, shape.max_pixels,
+                                             patch=vision_spec(family, shape).patch)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     elif family == "glm4v":  # GLM's bounds count both temporal frames of a still image
         processor = glm_preprocessor_config(2 * shape.min_pixels, 2 * shape.max_pixels)

@@ -27,7 +27,7 @@ import numpy as np
 
 FIXTURE_VERSION = 1
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-MROPE_FAMILIES = (*QWEN_FAMILIES, "glm4v")  # decoder position_ids [3, batch, seq], image_grid_thw grids
+MROPE_FAMILIES = (*QWEN_FAMILIES, "glm4v", "qwen3_vl")  # decoder position_ids [3, batch, seq]
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,29 @@ def _glm_model(spec: VLMSpec, ids: dict[str, int]):
     return transformers.Glm4vForConditionalGeneration(config)
 
 
+def _qwen3_model(spec: VLMSpec, ids: dict[str, int]):
+    """Qwen3-VL's architecture at a tiny size: 16-px patches, a (image_size / 16)² position table interpolated
+    to each grid, DeepStack sets from the first two vision blocks added after the first two text layers,
+    q/k norms and interleaved M-RoPE in the text model."""
+    import transformers
+
+    text = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                head_dim=spec.hidden // spec.heads, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                rope_theta=5000000.0, tie_word_embeddings=True, attention_bias=False,
+                rope_scaling={"rope_type": "default", "mrope_interleaved": True, "mrope_section": [2, 3, 3]},
+                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_dim, num_heads=spec.vision_heads,
+                  intermediate_size=2 * spec.vision_dim, out_hidden_size=spec.hidden, patch_size=16,
+                  num_position_embeddings=(spec.image_size // 16) ** 2,
+                  deepstack_visual_indexes=list(range(min(2, spec.vision_depth))))
+    config = transformers.Qwen3VLConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+    return transformers.Qwen3VLForConditionalGeneration(config)
+
+
 def _idefics_model(spec: VLMSpec, ids: dict[str, int]):
     import transformers
 
@@ -169,6 +192,10 @@ def checkpoint(spec: VLMSpec, root: Path) -> Path:
     if spec.family in ("qwen2_vl", "qwen2_5_vl"):
         model = _qwen_model(spec, ids)
         processor = qwen_preprocessor_config(spec.family, 56 * 56, 28 * 28 * 64)
+        eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    elif spec.family == "qwen3_vl":
+        model = _qwen3_model(spec, ids)
+        processor = qwen_preprocessor_config(spec.family, 64 * 64, 32 * 32 * 64, patch=16)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     elif spec.family == "glm4v":
         model = _glm_model(spec, ids)

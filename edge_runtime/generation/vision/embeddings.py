@@ -9,7 +9,8 @@ weights stay in the page cache rather than in a private copy — and a lookup
 is a numpy take: no ONNX Runtime call per decode step (a session run costs
 tens of microseconds of overhead for a few-kilobyte result), and nothing to
 serialise between the batcher thread and the threads preparing prompts; a
-quantized table's rows are dequantized as the op's contract says, when taken.
+quantized table's rows are dequantized as the op's contract says, when taken. A ``Pad`` of zero
+columns after either (Qwen3-VL's widened rows) is appended in numpy.
 Any other graph (zero points, a scale ``Mul``) runs in an ONNX Runtime session,
 which is thread-safe.
 """
@@ -44,37 +45,74 @@ class QuantizedTable:
         return (values * np.asarray(self.scales[index], np.float32)[..., None]).reshape(len(rows), -1)
 
 
-def gather_table(path: Path) -> np.ndarray | QuantizedTable | None:
+def gather_table(path: Path) -> np.ndarray | QuantizedTable | PaddedTable | None:
     """The [vocab, hidden] table when ``path`` is exactly ``inputs_embeds = Gather(table, input_ids)``
-    (axis 0, an optional Identity after it) or the ``GatherBlockQuantized`` form above, else None."""
+    (axis 0, an optional Identity after it) or the ``GatherBlockQuantized`` form above, either one
+    optionally followed by a ``Pad`` of zero columns (Qwen3-VL's widened embeddings: ``PaddedTable``),
+    else None."""
     import onnx
 
     proto = onnx.load(str(path), load_external_data=False)
     graph = proto.graph
     nodes = [n for n in graph.node if n.op_type != "Identity"]
-    if len(nodes) != 1 or nodes[0].op_type not in ("Gather", "GatherBlockQuantized") or len(graph.node) > 2:
+    pad = nodes.pop() if len(nodes) == 2 and nodes[1].op_type == "Pad" else None
+    if len(nodes) != 1 or nodes[0].op_type not in ("Gather", "GatherBlockQuantized") or \
+            len(graph.node) > 2 + (pad is not None):
         return None
     gather = nodes[0]
     tables = {t.name: t for t in graph.initializer}
     if gather.input[0] not in tables or gather.input[1] != "input_ids":
         return None
+    if not _output_is_embeds(graph, gather if pad is None else pad):
+        return None
+    extra = 0 if pad is None else _zero_columns(path, pad, gather, tables)
+    if extra is None:
+        return None
     if gather.op_type == "GatherBlockQuantized":
-        return _quantized_table(path, gather, tables) if _output_is_embeds(graph, gather) else None
-    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
-    if axis != 0 or not _output_is_embeds(graph, gather):
-        return None
-    tensor = tables[gather.input[0]]
-    if len(tensor.dims) != 2:
-        return None
-    return _array(path, tensor)
+        table = _quantized_table(path, gather, tables)
+    else:
+        tensor = tables[gather.input[0]]
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+        table = _array(path, tensor) if axis == 0 and len(tensor.dims) == 2 else None
+    return PaddedTable(table, extra) if table is not None and extra else table
 
 
-def _output_is_embeds(graph: Any, gather: Any) -> bool:
-    """Whether ``gather``'s output is ``inputs_embeds``, directly or through the graph's one Identity."""
-    if len(graph.node) == 2:  # Identity must take the Gather's output to the graph output
-        identity = next(n for n in graph.node if n.op_type == "Identity")
-        return identity.input[0] == gather.output[0] and identity.output[0] == "inputs_embeds"
-    return gather.output[0] == "inputs_embeds"
+class PaddedTable:
+    """A table whose rows are taken with ``extra`` zero columns after them (``embed_tokens`` of Qwen3-VL: the
+    decoder's ``inputs_embeds`` also carries the DeepStack sets, zero on text rows)."""
+
+    def __init__(self, table: np.ndarray | QuantizedTable, extra: int) -> None:
+        self.table, self.extra = table, extra
+        self.shape = (int(table.shape[0]), int(table.shape[1]) + extra)
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        rows = np.asarray(self.table[index], np.float32)
+        return np.concatenate([rows, np.zeros((len(rows), self.extra), np.float32)], axis=1)
+
+
+def _zero_columns(path: Path, pad: Any, gather: Any, tables: dict[str, Any]) -> int | None:
+    """Zero columns ``pad`` appends to ``gather``'s [batch, seq, hidden] rows, or None when it pads otherwise."""
+    import onnx
+
+    mode = next((onnx.helper.get_attribute_value(a) for a in pad.attribute if a.name == "mode"), b"constant")
+    if pad.input[0] != gather.output[0] or len(pad.input) < 2 or pad.input[1] not in tables or mode != b"constant":
+        return None
+    if len(pad.input) > 2 and pad.input[2]:
+        value = tables.get(pad.input[2])
+        if value is None or np.any(_array(path, value)):
+            return None
+    pads = [int(v) for v in np.asarray(_array(path, tables[pad.input[1]])).reshape(-1)]
+    if len(pads) != 6 or any(pads[:5]) or pads[5] <= 0:
+        return None
+    return pads[5]
+
+
+def _output_is_embeds(graph: Any, last: Any) -> bool:
+    """Whether ``last``'s output is ``inputs_embeds``, directly or through the graph's one Identity."""
+    identity = next((n for n in graph.node if n.op_type == "Identity"), None)
+    if identity is not None:  # Identity must take the last node's output to the graph output
+        return identity.input[0] == last.output[0] and identity.output[0] == "inputs_embeds"
+    return last.output[0] == "inputs_embeds"
 
 
 def _quantized_table(path: Path, node: Any, tables: dict[str, Any]) -> QuantizedTable | None:

@@ -10,8 +10,10 @@
 The decoder takes ``inputs_embeds`` instead of ``input_ids`` and otherwise
 follows the ``optimum`` decoder convention (``past_key_values.N.key/value`` →
 ``present.N.key/value``), so its KV layout is read as a text decoder's is
-(``generation.folder.describe_decoder``). Qwen2-VL, Qwen2.5-VL and GLM-4.1V decoders take
-M-RoPE ``position_ids`` [3, batch, seq]; Idefics3 / SmolVLM ones [batch, seq].
+(``generation.folder.describe_decoder``). Qwen2-VL, Qwen2.5-VL, GLM-4.1V and Qwen3-VL decoders take
+M-RoPE ``position_ids`` [3, batch, seq]; Idefics3 / SmolVLM ones [batch, seq]. Qwen3-VL's
+``inputs_embeds`` is wider than its hidden size (the DeepStack sets ride along, ``vlm_parts``): the
+width the engine embeds, splices and feeds is always the decoder input's.
 Which file of each part is loaded is a per-model setting (``[vision]
 precision``, see ``settings``).
 """
@@ -32,7 +34,7 @@ from edge_runtime.generation.vision.settings import PARTS, VisionSettings
 
 ONNX_DIR = "onnx"
 FILE_STEMS = {"decoder": "decoder_model_merged", "embed_tokens": "embed_tokens", "vision_encoder": "vision_encoder"}
-MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "glm4v")
+MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "glm4v", "qwen3_vl")
 FAMILIES = (*MROPE_FAMILIES, "idefics3", "smolvlm")
 
 

@@ -7,7 +7,7 @@ the same PIL resampling, then rescale and normalise through a per-channel lookup
 does transformers' float arithmetic on each of the 256 byte values, so ``pixel_values`` are
 bit-equal, at the cost of one gather per channel.
 
-Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``glm4v`` (:mod:`.qwen_preprocess`), ``idefics3`` / ``smolvlm``
+Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` / ``glm4v`` (:mod:`.qwen_preprocess`), ``idefics3`` / ``smolvlm``
 (:mod:`.idefics_preprocess`).
 """
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
     from edge_runtime.generation.vision.images import ImageAccess
 
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # qwen3_vl: 16-px patches, same rules
 IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 FAMILIES = QWEN_FAMILIES + IDEFICS_FAMILIES + ("glm4v",)
 

@@ -70,7 +70,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 class QwenImageProcessor(ImageProcessor):
-    """``qwen2_vl`` (grid feed ``grid_thw``) and ``qwen2_5_vl`` (grid feed ``image_grid_thw``)."""
+    """``qwen2_vl`` (grid feed ``grid_thw``), ``qwen2_5_vl`` and ``qwen3_vl`` (grid feed ``image_grid_thw``;
+    Qwen3-VL's 16-px patches come from its ``patch_size``)."""
 
     placeholder = "<|image_pad|>"
     default_min_pixels, default_max_pixels = DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS
