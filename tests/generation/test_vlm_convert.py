@@ -15,8 +15,9 @@ import numpy as np
 import onnx
 import pytest
 
-from vlm_checkpoints import (MROPE_FAMILIES, QWEN_FAMILIES, VLMSpec, checkpoint, empty_past, load_model, model_inputs,
-                             onnx_greedy, sample_image, session, vision_feeds, vlm_root)
+from vlm_checkpoints import (MROPE_FAMILIES, QWEN_FAMILIES, VLMSpec, checkpoint, deepstack_sets, empty_past,
+                             load_model, model_inputs, onnx_greedy, patch_values, sample_image, session, vision_feeds,
+                             vlm_root, widened)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -24,7 +25,8 @@ pytest.importorskip("transformers")
 SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="idefics3", seed=1),
          "smolvlm": VLMSpec(family="smolvlm", seed=2),
          "qwen2_5_vl": VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3),
-         "glm4v": VLMSpec(family="glm4v", seed=4, image_size=112)}
+         "glm4v": VLMSpec(family="glm4v", seed=4, image_size=112),
+         "qwen3_vl": VLMSpec(family="qwen3_vl", seed=8, image_size=64, vision_depth=3)}
 # GLM-4.1V-9B's head geometry: 128 channels, 64 rotated as mrope [8, 12, 12]; vision heads of 128; a 24x24 table
 GLM_REAL_HEADS = VLMSpec(family="glm4v", seed=5, hidden=256, heads=2, kv_heads=1, intermediate=256, vision_dim=256,
                          vision_heads=2, image_size=336)
@@ -86,13 +88,14 @@ def test_converted_folder_has_the_transformers_js_layout(family: str, converted:
                                                                 else ["processor_config.json"])
     for name in files:
         assert (converted / name).is_file(), name
-    placeholder = {"glm4v": "<|image|>"}.get(family, "<|image_pad|>" if family in QWEN_FAMILIES else "<image>")
+    placeholder = {"glm4v": "<|image|>", "qwen3_vl": "<|image_pad|>"}.get(
+        family, "<|image_pad|>" if family in QWEN_FAMILIES else "<image>")
     assert placeholder in json.loads((converted / "tokenizer_config.json").read_text())["chat_template"]
     names = {part: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
              for part in ("vision_encoder", "embed_tokens", "decoder_model_merged")
              for s in [session(converted, part)]}
-    second = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw", "glm4v": "image_grid_thw"}.get(
-        family, "pixel_attention_mask")
+    second = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw", "glm4v": "image_grid_thw",
+              "qwen3_vl": "image_grid_thw"}.get(family, "pixel_attention_mask")
     assert names["vision_encoder"] == (["pixel_values", second], ["image_features"])
     assert names["embed_tokens"] == (["input_ids"], ["inputs_embeds"])
     inputs, outputs = names["decoder_model_merged"]
@@ -111,14 +114,16 @@ VISION_CASES = [(family, name) for family in MROPE_FAMILIES for name in GRIDS if
 def test_qwen_vision_features_equal_transformers(family: str, converted: Path, model, grid: list) -> None:
     """Grids of an image, a 2-frame clip (attention per frame), two images in one call and a strip;
     Qwen2.5-VL's windows (2x2 merge blocks here) cut these grids into full and partial windows;
-    GLM-4.1V resamples its 8x8 position table to each grid (smaller, larger, 16x2)."""
+    GLM-4.1V resamples its 8x8 position table to each grid (smaller, larger, 16x2), Qwen3-VL its 4x4 one
+    (bilinearly) and appends its DeepStack sets."""
     grid = np.array(grid, np.int64)
-    pixels = np.random.default_rng(1).standard_normal((int(np.prod(grid, axis=1).sum()), 1176)).astype(np.float32)
+    pixels = np.random.default_rng(1).standard_normal((int(np.prod(grid, axis=1).sum()),
+                                                       patch_values(family))).astype(np.float32)
     feeds = vision_feeds(family, {"pixel_values": pixels, "image_grid_thw": grid})
     ours = session(converted, "vision_encoder").run(None, feeds)[0]
     with torch.no_grad():
-        theirs = model.model.visual(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid)).numpy()
-    assert ours.shape == theirs.shape == (pixels.shape[0] // 4, SPECS[family].hidden)
+        theirs = widened(model.model.visual(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid))).numpy()
+    assert ours.shape == theirs.shape == (pixels.shape[0] // 4, SPECS[family].hidden * (1 + deepstack_sets(family)))
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
@@ -160,6 +165,8 @@ def test_processed_image_features_equal_get_image_features(family: str, converte
     ours = session(converted, "vision_encoder").run(None, vision_feeds(family, inputs))[0]
     with torch.no_grad():
         theirs = model.model.get_image_features(*(torch.from_numpy(v) for v in vision_feeds(family, inputs).values()))
+    if family == "qwen3_vl":  # (per-image merger rows, DeepStack sets)
+        theirs = widened((torch.cat(theirs[0]), theirs[1]))
     theirs = torch.cat(theirs) if isinstance(theirs, (tuple, list)) else theirs
     np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4, rtol=1e-4)
 
@@ -169,7 +176,10 @@ def test_embeddings_equal_transformers(family: str, converted: Path, model) -> N
     ours = session(converted, "embed_tokens").run(None, {"input_ids": ids})[0]
     with torch.no_grad():
         theirs = model.get_input_embeddings()(torch.from_numpy(ids)).numpy()
-    np.testing.assert_array_equal(ours, theirs)
+    hidden = SPECS[family].hidden
+    assert ours.shape == (2, 7, hidden * (1 + deepstack_sets(family)))
+    np.testing.assert_array_equal(ours[..., :hidden], theirs)
+    assert not ours[..., hidden:].any()  # Qwen3-VL: text rows carry no DeepStack features
 
 
 def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, hf: Path, converted: Path, model,
@@ -183,8 +193,11 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, hf: P
 
     config = json.loads((converted / "config.json").read_text())
     rng = np.random.default_rng(3)
-    total = 12
-    embeds = rng.standard_normal((2, total, SPECS[family].hidden)).astype(np.float32) * 0.2
+    total, hidden = 12, SPECS[family].hidden
+    embeds = rng.standard_normal((2, total, hidden * (1 + deepstack_sets(family)))).astype(np.float32) * 0.2
+    visual = np.zeros((2, total), bool)
+    visual[:, 3:8] = True  # Qwen3-VL: DeepStack features on these rows only, zero on the text rows
+    embeds[..., hidden:][~visual] = 0
     mask = np.ones((2, total), np.int64)
     mask[1, :2] = 0
     base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
@@ -192,9 +205,11 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, hf: P
         positions = np.stack([base, base // 2 + (base > 4) * 3, base % 3 + base // 3]).astype(np.int64)
     else:
         positions = base.astype(np.int64)
-    with torch.no_grad():
-        theirs = model(inputs_embeds=torch.from_numpy(embeds), attention_mask=torch.from_numpy(mask),
-                       position_ids=torch.from_numpy(positions)).logits.numpy()
+    theirs = _reference_logits(family, model, embeds, mask, positions, visual)
+    if family == "qwen3_vl":  # the DeepStack sets change the logits: dropping them would fail below
+        dropped = embeds.copy()
+        dropped[..., hidden:] = 0
+        assert np.abs(_reference_logits(family, model, dropped, mask, positions, visual) - theirs)[:, -1].max() > 1e-2
     portable = tmp_path / "portable"
     assert main(["convert", str(hf), "--to", "onnx", "--out", str(portable), "--portable-attention"]) == 0
     folders = {"fused": converted, "portable": portable}
@@ -203,6 +218,23 @@ def test_decoder_logits_prefill_and_decode_equal_transformers(family: str, hf: P
         assert appends_in_place(proto) == (kind == "fused"), kind
         _check_padded_batch(session(folder, "decoder_model_merged"), empty_past(config, 2), embeds, mask, positions,
                             theirs, right_padded=kind == "fused")
+
+
+def _reference_logits(family: str, model, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+                      visual: np.ndarray) -> np.ndarray:
+    """transformers' logits for widened ``embeds``: Qwen3-VL's DeepStack sets passed as its language model takes
+    them (``visual_pos_masks`` and one [visual rows, hidden] tensor per set)."""
+    hidden = SPECS[family].hidden
+    tensors = {"attention_mask": torch.from_numpy(mask), "position_ids": torch.from_numpy(positions)}
+    with torch.no_grad():
+        if family != "qwen3_vl":
+            return model(inputs_embeds=torch.from_numpy(embeds), **tensors).logits.numpy()
+        sets = [torch.from_numpy(embeds[visual][:, hidden * (1 + i):hidden * (2 + i)])
+                for i in range(deepstack_sets(family))]
+        states = model.model.language_model(inputs_embeds=torch.from_numpy(embeds[..., :hidden].copy()),
+                                            visual_pos_masks=torch.from_numpy(visual), deepstack_visual_embeds=sets,
+                                            **tensors).last_hidden_state
+        return model.lm_head(states).numpy()
 
 
 def _check_padded_batch(decoder, past: dict, embeds: np.ndarray, mask: np.ndarray, positions: np.ndarray,
@@ -259,7 +291,7 @@ def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path,
     assert main(["convert", str(hf), "--to", "onnx", "--out", str(folder), "--precision", "fp16", "--json"]) == 0
     rng = np.random.default_rng(4)
     if family in MROPE_FAMILIES:
-        inputs = {"pixel_values": rng.standard_normal((24, 1176)).astype(np.float32),
+        inputs = {"pixel_values": rng.standard_normal((24, patch_values(family))).astype(np.float32),
                   "image_grid_thw": np.array([[1, 4, 6]], np.int64)}
     else:
         size = SPECS[family].image_size
@@ -276,7 +308,8 @@ def test_fp16_variants_stay_close_and_finite_with_padding(family: str, hf: Path,
     mask = np.ones((2, 6), np.int64)
     mask[1, :3] = 0
     base = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    feeds = {"inputs_embeds": rng.standard_normal((2, 6, SPECS[family].hidden)).astype(np.float32) * 0.2,
+    feeds = {"inputs_embeds": rng.standard_normal((2, 6, SPECS[family].hidden * (1 + deepstack_sets(family))
+                                                   )).astype(np.float32) * 0.2,
              "attention_mask": mask, "position_ids": np.stack([base] * 3) if family in MROPE_FAMILIES else base,
              **empty_past(config, 2)}
     decoder = session(folder, "decoder_model_merged_fp16")

@@ -289,6 +289,27 @@ def qwen_inputs(folder: Path, image, text: str, glm: bool = False) -> dict[str, 
             "image_grid_thw": pixels["image_grid_thw"].astype(np.int64)}
 
 
+def patch_values(family: str) -> int:
+    """Values per row of ``pixel_values`` of an M-RoPE family: 3 channels x 2 frames x patch²."""
+    return 3 * 2 * (16 if family == "qwen3_vl" else 14) ** 2
+
+
+def deepstack_sets(family: str) -> int:
+    """DeepStack feature sets a test checkpoint of ``family`` has (Qwen3-VL: from its first two blocks)."""
+    return 2 if family == "qwen3_vl" else 0
+
+
+def widened(visual):
+    """transformers' vision output as our encoder writes it: Qwen3-VL's (merger rows, DeepStack sets) side by
+    side along the channels; other families' features as they are."""
+    import torch
+
+    if isinstance(visual, tuple):
+        main, sets = visual
+        return torch.cat([main, *sets], dim=-1)
+    return visual
+
+
 def session(folder: Path, part: str):
     import onnxruntime as ort
 
