@@ -22,7 +22,7 @@ import pytest
 from edge_runtime.errors import InvalidInputError
 from vlm_oracle import Oracle
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v", "qwen3_vl"]
 SYSTEM = ("You are a phone agent. You see the current screenshot and answer with the next action: tap, "
           "swipe, type or done. Think about what is on the screen first. ")
 

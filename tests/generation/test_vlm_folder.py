@@ -139,6 +139,25 @@ def test_token_embedder_reads_a_plain_gather_table_and_runs_anything_else(fp16_f
     np.testing.assert_array_equal(mapped.embed([0, 31, 7]), weights[[0, 31, 7]])
 
 
+def test_token_embedder_reads_a_widened_qwen3_vl_table_in_numpy(tmp_path: Path) -> None:
+    """Qwen3-VL's ``embed_tokens`` pads each row with zeros for the DeepStack sets: the engine still takes rows in
+    numpy (no session run per decode step), equal to ONNX Runtime's output for the graph."""
+    import onnxruntime as ort
+
+    from edge_runtime.generation.vision.embeddings import PaddedTable, TokenEmbedder
+    from edge_runtime.generation.vision.folder import read_vlm_folder
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    vlm = read_vlm_folder(write_vlm_folder(tmp_path / "qwen3", "qwen3_vl", seed=3))
+    ids = [0, 5, 17, vlm.image_token_id, 3]
+    expected = ort.InferenceSession(str(vlm.embed_path), providers=["CPUExecutionProvider"]).run(
+        ["inputs_embeds"], {"input_ids": np.array([ids], np.int64)})[0][0]
+    embedder = TokenEmbedder(vlm.embed_path, np.float32)
+    assert isinstance(embedder.table, PaddedTable) and embedder.session is None
+    assert vlm.hidden_size == expected.shape[1] == 3 * 64  # hidden + two DeepStack sets
+    np.testing.assert_array_equal(embedder.embed(ids), expected)
+
+
 def test_the_load_says_what_a_screenshot_costs_under_the_budget(tmp_path: Path, caplog) -> None:
     """A budget that makes a phone screenshot thousands of image tokens is warned about at load, with
     the count and the setting; one within reason is only logged (the quick start stays quiet)."""

@@ -1,6 +1,7 @@
 """``convert --to onnx --quantize``: the quantized parts load through ``[vision] precision`` and stay close to fp32.
 
-On Qwen2-VL and GLM-4.1V (whose tower adds a position table resampled by GridSample, left fp32).
+On Qwen2-VL, GLM-4.1V and Qwen3-VL (whose towers add a position table resampled by GridSample, left fp32;
+Qwen3-VL's embedding table is quantized under the Pad that widens its rows).
 
 Random weights make the bound honest but loose: int8 and int4 weights move every logit a
 little, so the test asks what quantization must keep on any model (vision features with
@@ -19,7 +20,8 @@ import numpy as np
 import onnx
 import pytest
 
-from vlm_checkpoints import VLMSpec, checkpoint, model_inputs, sample_image, session, vision_feeds, vlm_root
+from vlm_checkpoints import (VLMSpec, checkpoint, deepstack_sets, model_inputs, sample_image, session, vision_feeds,
+                             vlm_root)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -28,7 +30,8 @@ QUANTIZED = ("vision_encoder_quantized", "vision_encoder_q4", "decoder_model_mer
              "decoder_model_merged_q4", "decoder_model_merged_int8", "embed_tokens_quantized", "embed_tokens_q4")
 
 
-SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "glm4v": VLMSpec(family="glm4v", seed=4, image_size=112)}
+SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "glm4v": VLMSpec(family="glm4v", seed=4, image_size=112),
+         "qwen3_vl": VLMSpec(family="qwen3_vl", seed=8, image_size=64, vision_depth=3)}
 
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
@@ -56,7 +59,9 @@ def test_quantized_parts_are_written_with_their_kernels(quantized_folder: Path) 
         assert ops[kernel] > 0 and ops["MatMul"] == 1, (part, ops)
     for part, bits in (("embed_tokens_quantized", 8), ("embed_tokens_q4", 4)):
         graph = onnx.load(str(quantized_folder / "onnx" / f"{part}.onnx"), load_external_data=False).graph
-        assert [n.op_type for n in graph.node] == ["GatherBlockQuantized"], part
+        # Qwen3-VL: its rows widened with zeros for the DeepStack sets after the quantized gather
+        pad = ["Pad"] if quantized_folder.name == "qwen3_vl" else []
+        assert [n.op_type for n in graph.node] == ["GatherBlockQuantized", *pad], part
         assert {a.name: a.i for a in graph.node[0].attribute}["bits"] == bits
     external = json.loads((quantized_folder / "config.json").read_text())["transformers.js_config"][
         "use_external_data_format"]
@@ -69,16 +74,20 @@ def test_quantized_embedding_rows_are_read_in_numpy_as_onnxruntime_reads_them(qu
                                                                               bits: int) -> None:
     """The engine reads a quantized table itself (no session run per decode step): its rows equal what ONNX
     Runtime's GatherBlockQuantized gives for the same ids, and lie within one block step of the fp32 rows."""
-    from edge_runtime.generation.vision.embeddings import QuantizedTable, TokenEmbedder
+    from edge_runtime.generation.vision.embeddings import PaddedTable, QuantizedTable, TokenEmbedder
 
     embedder = TokenEmbedder(quantized_folder / "onnx" / f"{part}.onnx", np.float32)
-    assert isinstance(embedder.table, QuantizedTable) and embedder.session is None
+    table = embedder.table.table if isinstance(embedder.table, PaddedTable) else embedder.table  # Qwen3-VL: padded
+    assert isinstance(table, QuantizedTable) and embedder.session is None
     ids = np.array([0, 5, 17, 5, embedder.vocab_size - 1], np.int64)
     ours = embedder.embed(ids)
     theirs = session(quantized_folder, part).run(None, {"input_ids": ids[None]})[0][0]
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-7)
     fp32 = session(quantized_folder, "embed_tokens").run(None, {"input_ids": ids[None]})[0][0]
-    step = np.repeat(np.abs(np.asarray(embedder.table.scales[ids])), embedder.table.block, axis=1)
+    hidden = table.shape[1]
+    assert not ours[:, hidden:].any() and not fp32[:, hidden:].any()
+    ours, fp32 = ours[:, :hidden], fp32[:, :hidden]
+    step = np.repeat(np.abs(np.asarray(table.scales[ids])), table.block, axis=1)
     assert not np.array_equal(ours, fp32) and np.all(np.abs(ours - fp32) <= step * 1.0001 + 1e-7)
 
 
@@ -146,8 +155,8 @@ def test_decoders_quantized_from_the_checkpoint_equal_the_quantized_fp32_graph(q
     assert integers[0] == integers[1] and integers[0]  # bit-equal quantized weights
     config = json.loads((quantized_folder / "config.json").read_text())
     rng = np.random.default_rng(1)
-    feeds = {"inputs_embeds": (rng.standard_normal((1, 9, config["text_config"]["hidden_size"])) * 0.2).astype(
-        np.float32), "attention_mask": np.ones((1, 9), np.int64),
+    width = config["text_config"]["hidden_size"] * (1 + deepstack_sets(quantized_folder.name))
+    feeds = {"inputs_embeds": (rng.standard_normal((1, 9, width)) * 0.2).astype(np.float32), "attention_mask": np.ones((1, 9), np.int64),
         "position_ids": np.broadcast_to(np.arange(9, dtype=np.int64), (3, 1, 9)).copy(), **empty_past(config, 1)}
     ours = session(quantized_folder, f"decoder_model_merged_{precision}").run(["logits"], feeds)[0]
     theirs = session(tmp_path, "reference").run(["logits"], feeds)[0]

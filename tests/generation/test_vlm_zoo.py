@@ -16,7 +16,7 @@ import pytest
 
 from vlm_checkpoints import load_model, model_inputs, onnx_greedy, sample_image, zoo_checkpoint
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v", "qwen3_vl")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

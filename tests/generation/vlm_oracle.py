@@ -47,6 +47,10 @@ class Oracle:
             positions, _ = Glm4vModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None)
         elif self.vlm.family == "qwen2_5_vl":
             positions, _ = Qwen2_5_VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None, None)
+        elif self.vlm.family == "qwen3_vl":
+            from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+            positions, _ = Qwen3VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None)
         else:
             positions, _ = Qwen2VLModel.get_rope_index(owner, torch.tensor([ids]), grid, None, None)
         return positions.numpy()
