@@ -1,6 +1,6 @@
 """Image preprocessing per family against transformers' slow (PIL) image processors and processors.
 
-Oracles: ``Qwen2VLImageProcessor`` (Qwen2.5-VL uses the same class), ``Glm4vImageProcessor``,
+Oracles: ``Qwen2VLImageProcessor`` (Qwen2.5-VL and Qwen3-VL use the same class), ``Glm4vImageProcessor``,
 ``Idefics3ImageProcessor`` and ``SmolVLMImageProcessor`` for pixel values, grids and tile counts;
 ``Qwen2VLProcessor``, ``Glm4vProcessor`` and ``Idefics3Processor`` for the prompt text (compared as token ids of a byte-level
 tokenizer, which round-trips any text). ``SmolVLMProcessor`` cannot be imported without
@@ -53,6 +53,12 @@ GLM_PRE = {"size": {"shortest_edge": 12544, "longest_edge": 9633792}, "patch_siz
            "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_resize": True, "do_rescale": True,
            "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
            "image_processor_type": "Glm4vImageProcessor"}
+# Qwen3-VL-2B-Instruct: 16-px patches, mean/std 0.5, bounds in size (its checkpoint names the fast processor
+# class, which needs torchvision; the slow class with the same settings is the oracle, as the engine uses PIL)
+QWEN3_PRE = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+             "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True,
+             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+             "resample": 3, "image_processor_type": "Qwen2VLImageProcessorFast"}
 # SmolVLM-256M-Instruct: 512-px tiles, 64 tokens each (32x32 patches / 4²).
 SMOLVLM_PRE = {"do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True,
                "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
@@ -152,6 +158,38 @@ def test_qwen_equals_transformers(tmp_path: Path, family: str, kind: str, size: 
     assert ours.prompt_text == "<|image_pad|>" * ours.num_tokens
     if size == (1080, 2400) and budget == VisionBudget():
         assert ours.num_tokens == 3354  # the issue's figure for a screenshot at Qwen2-VL's default
+
+
+QWEN3_CASES = [  # image kind, (width, height), budget
+    ("screen", (1080, 2400), VisionBudget()),  # the default (256² to 4096² pixels): 2,550 tokens
+    ("screen", (1080, 2400), VisionBudget(max_pixels=1024 * 32 * 32)),
+    ("random", (37, 500), VisionBudget()),  # below the minimum: upscaled
+    ("random", (640, 480), VisionBudget(min_pixels=100_000, max_pixels=300_000)),
+]
+
+
+@pytest.mark.parametrize("kind, size, budget", QWEN3_CASES)
+def test_qwen3_equals_transformers(tmp_path: Path, kind: str, size: tuple[int, int], budget: VisionBudget) -> None:
+    vision = {"patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}
+    processor = image_processor(_folder(tmp_path, QWEN3_PRE), {"model_type": "qwen3_vl", "vision_config": vision},
+                                budget)
+    image = _image(kind, *size)
+    ours = processor.process(image)
+    overrides = {k: v for k, v in (("min_pixels", budget.min_pixels), ("max_pixels", budget.max_pixels))
+                 if v is not None}
+    # The slow class drops a given ``size`` for its defaults unless min/max_pixels are passed too (transformers
+    # 4.57's __init__); the fast class Qwen3-VL names, like the engine, takes ``size``'s bounds: passed here.
+    bounds = {"min_pixels": QWEN3_PRE["size"]["shortest_edge"], "max_pixels": QWEN3_PRE["size"]["longest_edge"]}
+    reference = Qwen2VLImageProcessor(**QWEN3_PRE, **bounds)(images=[image], return_tensors="np", **overrides)
+    assert set(ours.feeds) == {"pixel_values", "image_grid_thw"}
+    assert ours.feeds["pixel_values"].shape == reference["pixel_values"].shape
+    assert ours.feeds["pixel_values"].shape[1] == 3 * 2 * 16 * 16
+    np.testing.assert_allclose(ours.feeds["pixel_values"], reference["pixel_values"], rtol=0, atol=1e-5)
+    assert np.array_equal(ours.feeds["image_grid_thw"], reference["image_grid_thw"])
+    assert ours.num_tokens == int(reference["image_grid_thw"][0].prod()) // 4 == processor.num_tokens(*size)
+    assert ours.prompt_text == "<|image_pad|>" * ours.num_tokens
+    if size == (1080, 2400) and budget == VisionBudget():
+        assert ours.num_tokens == 2550
 
 
 def test_qwen_rejects_extreme_aspect_ratio(tmp_path: Path) -> None:

@@ -71,6 +71,15 @@ def _qwen_towers(family: str) -> tuple[onnx.ModelProto, onnx.ModelProto, int, st
         weights = vision_weights("glm4v", _glm_vision_weights(spec, rng))
         build = lambda fused: build_glm4v_vision(spec, weights, fused=fused)  # noqa: E731
         grid_name = "image_grid_thw"
+    elif family == "qwen3_vl":  # bilinear position table, DeepStack sets from blocks 0 and 2
+        from edge_runtime.vision_graphs_qwen3vl import Qwen3VisionSpec, build_qwen3_vl_vision
+        from edge_runtime.vlm_parts import vision_weights
+        from edge_runtime.vlm_zoo import _qwen3_vision_weights
+
+        spec = Qwen3VisionSpec(depth=3, deepstack=(0, 2))
+        weights = vision_weights("qwen3_vl", _qwen3_vision_weights(spec, rng))
+        build = lambda fused: build_qwen3_vl_vision(spec, weights, fused=fused)  # noqa: E731
+        grid_name = "image_grid_thw"
     else:
         from edge_runtime.vision_graphs_qwen25 import (Qwen25VisionSpec, build_qwen2_5_vl_vision,
                                                        random_qwen25_vision_weights)
@@ -87,7 +96,7 @@ def _qwen_towers(family: str) -> tuple[onnx.ModelProto, onnx.ModelProto, int, st
 GRIDS = [[[1, 8, 12]], [[1, 8, 12], [1, 4, 6]], [[2, 6, 4]], [[1, 2, 2]]]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "glm4v"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "glm4v", "qwen3_vl"])
 def test_fused_qwen_tower_equals_portable(family: str) -> None:
     fused, portable, values, grid_name = _qwen_towers(family)
     _check_forms(fused, portable)

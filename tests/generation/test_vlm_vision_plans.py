@@ -140,7 +140,7 @@ FAMILY_IMAGES = ((140, 300), (300, 180))  # (width, height): two patch (or tile)
 HEAVY_OPS = ("MatMul", "Conv", "Softmax", "LayerNormalization", "Erf", "Sigmoid")
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "smolvlm", "glm4v"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "smolvlm", "glm4v", "qwen3_vl"])
 @pytest.mark.parametrize("accelerator", [pytest.param("opencl", marks=pytest.mark.requires_opencl),
                                          pytest.param("vulkan", marks=pytest.mark.requires_vulkan)])
 def test_other_families_encoders_on_the_gpu_plan_equal_the_cpu_plan(accelerator, family, tmp_path, request) -> None:
