@@ -44,7 +44,9 @@ def node_greedy(folder: Path, image: Path, prompt: str, max_new: int, dtype: str
 # transformers.js resizes with sharp, transformers with Pillow, and their filters differ slightly.
 CASES = [(VLMSpec(family="qwen2_vl"), (84, 56)), (VLMSpec(family="qwen2_5_vl", seed=3, vision_depth=3), (140, 112)),
          (VLMSpec(family="idefics3", seed=1, split=False, longest_edge=32), (32, 32)),
-         (VLMSpec(family="smolvlm", seed=2), (64, 64))]
+         (VLMSpec(family="smolvlm", seed=2), (64, 64)),
+         # Qwen3-VL: its DeepStack sets ride in the widened rows transformers.js splices like any others
+         (VLMSpec(family="qwen3_vl", seed=8, image_size=64, vision_depth=3), (128, 64))]
 DTYPES = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}
 
 
@@ -62,7 +64,7 @@ def test_transformers_js_greedy_tokens_equal_transformers(spec: VLMSpec, size: t
     check_against_transformers(spec.family, convert_vlm_folder(hf, tmp_path / spec.family), hf, size, tmp_path)
 
 
-@pytest.mark.parametrize("family,size", [("qwen2_vl", (84, 56)), ("smolvlm", (64, 64))])
+@pytest.mark.parametrize("family,size", [("qwen2_vl", (84, 56)), ("smolvlm", (64, 64)), ("qwen3_vl", (128, 64))])
 def test_zoo_folders_run_in_transformers_js(family: str, size: tuple, tmp_path: Path) -> None:
     """A ``write_vlm_folder`` folder (our own config.json, tokenizer and processor files)."""
     from edge_runtime.vlm_zoo import write_vlm_folder
