@@ -4,7 +4,9 @@ Model: a Qwen2-VL with random weights built with ``transformers`` (vision depth 
 width 384; text hidden 512, 8 layers, GQA 8/2, vocab 4096), or with ``--family glm4v`` a
 GLM-4.1V (AutoGLM-Phone's architecture) of the same sizes (half of each text head rotated,
 a 24x24 position table; its image bounds count two frames, so the budgets are doubled
-to give the same image tokens), saved as a checkpoint
+to give the same image tokens), or with ``--family qwen3_vl`` a Qwen3-VL of the same sizes
+(16-px patches, a 48x48 position table, DeepStack sets from vision blocks 1, 3 and 5 into the
+first three text layers, q/k norms; budgets in 32x32-pixel tokens), saved as a checkpoint
 and converted by ``edge_runtime.vision_convert`` (``edge-runtime convert``) into the
 transformers.js layout, so both sides run the same weights; the vision encoder with the
 converter's default fused attention (ONNX Runtime's MultiHeadAttention, flash attention
@@ -43,7 +45,7 @@ Rounds interleave the sides step by step; each figure is the best of its rounds.
 Goals (issue 22): time to first token <= 0.5x transformers' at every step; steps 2-5
 prefill only their new tokens (prefix-cache hits). Prints JSON, writes a PNG.
 
-Usage: ``python tools/bench_vlm.py [--family qwen2_vl|glm4v] [--quick] [--threads 2] [--rounds 2]
+Usage: ``python tools/bench_vlm.py [--family qwen2_vl|glm4v|qwen3_vl] [--quick] [--threads 2] [--rounds 2]
 [--precision PART=NAME,...] [--keep-images 1] [--out bench-results/vlm]``
 """
 
@@ -69,10 +71,11 @@ TEXT = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key
             tie_word_embeddings=True, rope_scaling={"type": "mrope", "mrope_section": [8, 12, 12]})
 VISION = dict(depth=8, embed_dim=384, num_heads=6, mlp_ratio=4, hidden_size=512)
 VOCAB = 4096
-BUDGETS = {"256": 256 * 28 * 28, "1024": 1024 * 28 * 28}
-# GLM's max_pixels bounds temporal_patch_size x height x width: twice the pixels of a still image
-PIXEL_SCALE = {"qwen2_vl": 1, "glm4v": 2}
-PLACEHOLDER = {"qwen2_vl": "<|image_pad|>", "glm4v": "<|image|>"}
+BUDGETS = {"256": 256, "1024": 1024}  # image tokens; max_pixels = tokens x PIXELS_PER_TOKEN
+# an image token is a 2x2 merge of patches: 28x28 pixels (14-px patches), 32x32 for Qwen3-VL; GLM's max_pixels
+# bounds temporal_patch_size x height x width: twice the pixels of a still image
+PIXELS_PER_TOKEN = {"qwen2_vl": 28 * 28, "glm4v": 2 * 28 * 28, "qwen3_vl": 32 * 32}
+PLACEHOLDER = {"qwen2_vl": "<|image_pad|>", "glm4v": "<|image|>", "qwen3_vl": "<|image_pad|>"}
 STEP_TEXT = ["Open the settings app.", "Go to the network settings.", "Turn on Wi-Fi.",
              "Pick the network named home.", "Confirm and go back."]
 ANSWER = "do(action=\"Tap\", element=[540, 1200])"
@@ -98,6 +101,18 @@ def _model(family: str, depth: int, ids: dict[str, int]) -> Any:
             video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
             tie_word_embeddings=False)
         return transformers.Glm4vForConditionalGeneration(config).eval()
+    if family == "qwen3_vl":  # Qwen3-VL-2B's proportions at the benchmark's sizes
+        text = {**TEXT, "vocab_size": VOCAB, "head_dim": TEXT["hidden_size"] // TEXT["num_attention_heads"],
+                "rope_theta": 5000000.0, "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+                "rope_scaling": {"rope_type": "default", "mrope_interleaved": True, "mrope_section": [12, 10, 10]}}
+        vision = dict(depth=depth, hidden_size=VISION["embed_dim"], num_heads=VISION["num_heads"],
+                      intermediate_size=4 * VISION["embed_dim"], out_hidden_size=TEXT["hidden_size"], patch_size=16,
+                      num_position_embeddings=48 * 48, deepstack_visual_indexes=[1, 3, 5][:max(1, depth // 2)])
+        config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                                            video_token_id=ids["<|video_pad|>"],
+                                            vision_start_token_id=ids["<|vision_start|>"],
+                                            vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+        return transformers.Qwen3VLForConditionalGeneration(config).eval()
     text = {**TEXT, "vocab_size": VOCAB, "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"]}
     config = transformers.Qwen2VLConfig(text_config=text, vision_config={**VISION, "depth": depth},
                                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
@@ -130,11 +145,13 @@ def build_folders(root: Path, quick: bool, family: str = "qwen2_vl") -> tuple[Pa
                 if p.ndim > 1 and "norm" not in param_name:
                     p.normal_(0, 0.05)
         model.save_pretrained(hf)
+        most = PIXELS_PER_TOKEN[family] * max(BUDGETS.values())
         if family == "glm4v":
-            processor = glm_preprocessor_config(2 * 56 * 56, PIXEL_SCALE[family] * max(BUDGETS.values()))
+            processor = glm_preprocessor_config(2 * 56 * 56, most)
             eos = model.config.text_config.eos_token_id
         else:
-            processor = qwen_preprocessor_config("qwen2_vl", 56 * 56, max(BUDGETS.values()))
+            processor = qwen_preprocessor_config(family, 64 * 64 if family == "qwen3_vl" else 56 * 56, most,
+                                                 patch=16 if family == "qwen3_vl" else 14)
             eos = [ids["<|im_end|>"]]
         (hf / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
         transformers.GenerationConfig(eos_token_id=eos, do_sample=False).save_pretrained(hf)
@@ -218,9 +235,11 @@ class Transformers:
             self.model = transformers.Glm4vForConditionalGeneration.from_pretrained(hf, torch_dtype="float32").eval()
             processor = transformers.Glm4vImageProcessor.from_pretrained(hf)
             self.images = transformers.Glm4vImageProcessor.from_pretrained(
-                hf, size={**processor.size, "longest_edge": PIXEL_SCALE[family] * max_pixels})
+                hf, size={**processor.size, "longest_edge": max_pixels})
         else:
-            self.model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(hf, torch_dtype="float32").eval()
+            model_class = (transformers.Qwen3VLForConditionalGeneration if family == "qwen3_vl"
+                           else transformers.Qwen2VLForConditionalGeneration)
+            self.model = model_class.from_pretrained(hf, torch_dtype="float32").eval()
             self.images = transformers.Qwen2VLImageProcessor.from_pretrained(hf, max_pixels=max_pixels)
 
     def step(self, turns: list[dict[str, Any]], new_tokens: int) -> dict[str, float]:
@@ -316,9 +335,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "keep_images": args.keep_images,
                               "quantized_precision": quantized, "budgets": {}}
     sides = {"edge_runtime": {}, **({"edge_runtime_quantized": quantized} if quantized else {})}
-    for label, max_pixels in BUDGETS.items():
+    for label, tokens in BUDGETS.items():
+        max_pixels = tokens * PIXELS_PER_TOKEN[args.family]  # [vision] max_pixels means what the processor's does
         hf_side = Transformers(hf, max_pixels, args.family)
-        max_pixels *= PIXEL_SCALE[args.family]  # edge-runtime's [vision] max_pixels means what the processor's does
         # the episode's steps, the next episode's first step on the same (warm) models, then one more
         # episode's first step on models loaded anew (a restarted daemon: its prefix cache on disk)
         timings: dict[str, list[list[dict[str, float]]]] = {side: [[] for _ in range(steps + 2)]
@@ -399,7 +418,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=sorted(PIXEL_SCALE), default="qwen2_vl")
+    parser.add_argument("--family", choices=sorted(PIXELS_PER_TOKEN), default="qwen2_vl")
     parser.add_argument("--quick", action="store_true", help="vision depth 2, 2 steps, a short system prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
