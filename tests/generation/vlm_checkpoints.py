@@ -374,9 +374,10 @@ def onnx_greedy(family: str, folder: Path, model, inputs: dict[str, np.ndarray],
         length += 1
 
 
-def zoo_checkpoint(zoo: Path, family: str, seed: int, out: Path) -> Path:
-    """A transformers checkpoint of a ``write_vlm_folder`` folder: its config, tokenizer and processor
-    files plus ``random_vlm_weights`` as ``model.safetensors``, so transformers can load the same model."""
+def zoo_checkpoint(zoo: Path, family: str, seed: int, out: Path, shape=None) -> Path:
+    """A transformers checkpoint of a ``write_vlm_folder`` folder (of ``shape``, default ``VLMShape()``): its
+    config, tokenizer and processor files plus ``random_vlm_weights`` as ``model.safetensors``, so
+    transformers can load the same model."""
     from safetensors.numpy import save_file
 
     from edge_runtime.vlm_zoo import VLMShape, random_vlm_weights
@@ -385,5 +386,5 @@ def zoo_checkpoint(zoo: Path, family: str, seed: int, out: Path) -> Path:
     for item in zoo.iterdir():
         if item.is_file():
             shutil.copyfile(item, out / item.name)
-    save_file(random_vlm_weights(family, VLMShape(), seed), str(out / "model.safetensors"))
+    save_file(random_vlm_weights(family, shape or VLMShape(), seed), str(out / "model.safetensors"))
     return out
