@@ -113,13 +113,20 @@ class VisionGraph:
         return g.op("Mul", [norm, self.const(name, self.w[name + ".weight"])])
 
     def act(self, x: str, kind: str) -> str:
+        """The activation ``kind`` of transformers' ``ACT2FN``, in the op chains ONNX Runtime fuses at load:
+        ``x * sigmoid(1.702 x)`` becomes one ``QuickGelu``, ``x * (erf(x / sqrt 2) + 1) * 0.5`` (Div, not a Mul
+        by 1/sqrt 2, which it leaves as five kernels) one ``Gelu``. Its CPU fusions miss the tanh form, so a
+        fused graph writes ``com.microsoft.FastGelu`` itself (one kernel for the chain's nine: 2.0 against
+        10.3 ms on [4096, 1536], 2 threads) and a portable one the standard ops."""
         g = self.g
         if kind == "quick_gelu":
             return g.op("Mul", [x, g.op("Sigmoid", [g.op("Mul", [x, self.const("k", np.float32(1.702))])])])
         if kind in ("gelu", "gelu_exact"):
-            inner = g.op("Erf", [g.op("Mul", [x, self.const("rsqrt2", np.float32(1 / np.sqrt(2)))])])
-            return g.op("Mul", [g.op("Mul", [x, self.const("half", np.float32(0.5))]),
-                                g.op("Add", [inner, self.const("one", np.float32(1.0))])])
+            inner = g.op("Erf", [g.op("Div", [x, self.const("sqrt2", np.float32(np.sqrt(2)))])])
+            return g.op("Mul", [g.op("Mul", [x, g.op("Add", [inner, self.const("one", np.float32(1.0))])]),
+                                self.const("half", np.float32(0.5))])
+        if kind in ("gelu_pytorch_tanh", "gelu_new") and self.fused:
+            return g.op("FastGelu", [x], domain="com.microsoft")
         if kind in ("gelu_pytorch_tanh", "gelu_new"):
             cube = g.op("Mul", [g.op("Mul", [x, x]), x])
             inner = g.op("Add", [x, g.op("Mul", [cube, self.const("c", np.float32(0.044715))])])

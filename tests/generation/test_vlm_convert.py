@@ -30,6 +30,10 @@ SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="ide
 # GLM-4.1V-9B's head geometry: 128 channels, 64 rotated as mrope [8, 12, 12]; vision heads of 128; a 24x24 table
 GLM_REAL_HEADS = VLMSpec(family="glm4v", seed=5, hidden=256, heads=2, kv_heads=1, intermediate=256, vision_dim=256,
                          vision_heads=2, image_size=336)
+# Qwen3-VL-4B's head geometry: text heads of 128 channels on a narrower hidden size (2560 / 32 heads would be 80),
+# M-RoPE [24, 20, 20] interleaved; vision heads of 64; a 48x48 table; three DeepStack sets
+QWEN3_REAL_HEADS = VLMSpec(family="qwen3_vl", seed=9, hidden=160, heads=2, kv_heads=1, head_dim=128, layers=3,
+                           intermediate=256, vision_dim=128, vision_heads=2, vision_depth=3, image_size=768)
 QWEN = SPECS["qwen2_vl"]
 PARTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 
@@ -444,4 +448,32 @@ def test_glm_at_its_real_head_geometry_equals_transformers(tmp_path_factory, tmp
     np.testing.assert_allclose(ours, theirs, atol=1e-4 * np.abs(theirs).max(), rtol=1e-4)
     expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
     assert onnx_greedy("glm4v", folder, model, inputs, 12) == expected
+    assert len(set(expected)) > 3
+
+
+def test_qwen3_vl_at_4b_head_geometry_equals_transformers(tmp_path_factory, tmp_path: Path) -> None:
+    """Qwen3-VL-4B's head sizes (text heads of 128 channels wider than hidden / heads, M-RoPE [24, 20, 20]
+    interleaved; vision heads of 64) with its 48x48 position table and three DeepStack sets: vision features
+    and greedy tokens equal transformers', fused and portable."""
+    from edge_runtime.vision_convert import convert_vlm_folder
+
+    hf = checkpoint(QWEN3_REAL_HEADS, vlm_root(tmp_path_factory))
+    config = json.loads((hf / "config.json").read_text())
+    assert config["text_config"]["rope_scaling"]["mrope_section"] == [24, 20, 20]
+    assert config["text_config"]["head_dim"] * 2 != config["text_config"]["hidden_size"]
+    model = load_model(hf)
+    inputs = model_inputs("qwen3_vl", hf, sample_image(160, 320, seed=2), "tap the search field")
+    with torch.no_grad():
+        theirs = widened(model.model.visual(torch.from_numpy(inputs["pixel_values"]),
+                                            grid_thw=torch.from_numpy(inputs["image_grid_thw"]))).numpy()
+        generated = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=12,
+                                   do_sample=False)
+    expected = generated[0, inputs["input_ids"].shape[1]:].tolist()
+    for fused in (True, False):
+        folder = convert_vlm_folder(hf, tmp_path / f"fused-{fused}", fused=fused)
+        ours = session(folder, "vision_encoder").run(None, vision_feeds("qwen3_vl", inputs))[0]
+        assert ours.shape == theirs.shape == (inputs["pixel_values"].shape[0] // 4, 4 * 160)
+        # features reach ~65 here: float32 rounding alone puts transformers' own run 3e-4 from its float64 one
+        np.testing.assert_allclose(ours, theirs, atol=1e-5 * np.abs(theirs).max(), rtol=1e-4)
+        assert onnx_greedy("qwen3_vl", folder, model, inputs, 12) == expected, fused
     assert len(set(expected)) > 3

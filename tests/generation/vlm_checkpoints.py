@@ -46,10 +46,12 @@ class VLMSpec:
     longest_edge: int = 64        # idefics3/smolvlm: resize target before splitting
     split: bool = True            # idefics3/smolvlm: do_image_splitting
     seed: int = 0
+    head_dim: int = 0             # qwen3_vl: text head size (0: hidden / heads)
 
     @property
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "v": FIXTURE_VERSION}, sort_keys=True).encode()
+        fields = {k: v for k, v in asdict(self).items() if not (k == "head_dim" and v == 0)}  # keys before it stay
+        blob = json.dumps({**fields, "v": FIXTURE_VERSION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -136,16 +138,18 @@ def _qwen3_model(spec: VLMSpec, ids: dict[str, int]):
     q/k norms and interleaved M-RoPE in the text model."""
     import transformers
 
+    head_dim = spec.head_dim or spec.hidden // spec.heads
+    section = [24, 20, 20] if head_dim == 128 else [2, 3, 3]  # Qwen3-VL's own split of 64 frequencies, or of 8
     text = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                 num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-                head_dim=spec.hidden // spec.heads, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                head_dim=head_dim, max_position_embeddings=4096, rms_norm_eps=1e-6,
                 rope_theta=5000000.0, tie_word_embeddings=True, attention_bias=False,
-                rope_scaling={"rope_type": "default", "mrope_interleaved": True, "mrope_section": [2, 3, 3]},
+                rope_scaling={"rope_type": "default", "mrope_interleaved": True, "mrope_section": section},
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
     vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_dim, num_heads=spec.vision_heads,
                   intermediate_size=2 * spec.vision_dim, out_hidden_size=spec.hidden, patch_size=16,
                   num_position_embeddings=(spec.image_size // 16) ** 2,
-                  deepstack_visual_indexes=list(range(min(2, spec.vision_depth))))
+                  deepstack_visual_indexes=list(range(min(3, spec.vision_depth, spec.layers))))
     config = transformers.Qwen3VLConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
@@ -320,7 +324,7 @@ def session(folder: Path, part: str):
 
 def empty_past(config: dict, batch: int) -> dict[str, np.ndarray]:
     text = config.get("text_config", config)
-    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
     return {f"past_key_values.{n}.{kind}": np.zeros((batch, text["num_key_value_heads"], 0, head_dim), np.float32)
             for n in range(text["num_hidden_layers"]) for kind in ("key", "value")}
 
