@@ -275,6 +275,24 @@ class _QwenVision(VisionGraph):
             self.single = g.op("Equal", [frames, self.const("one", np.int64(1))])
         return g.op("Cos", [angles]), g.op("Sin", [angles])
 
+    def resampled_table(self, weight: str, coordinate: Callable[[str, str], str], mode: str,
+                        align_corners: int) -> str:
+        """[patches, embed]: the learned square position table ``weight`` ([side², embed]) sampled at each patch's
+        place in its image by ONNX ``GridSample`` (``mode``, border padding); ``coordinate(index, sides)`` maps
+        a patch's column (row) and its image's columns (rows) to GridSample's [-1, 1]. GLM-4.1V's and
+        Qwen3-VL's tables; ``positions`` must have run (it finds the rows, columns and sides)."""
+        g, embed = self.g, self.s.embed_dim
+        values = self.w[weight]
+        side = int(round(values.shape[0] ** 0.5))
+        table = values.reshape(side, side, embed).transpose(2, 0, 1)[None]  # [1, C, S, S]
+        table = self.const("position_table", np.ascontiguousarray(table))
+        h, w = self.sides
+        x, y = coordinate(self.column, w), coordinate(self.row, h)
+        grid = g.op("Concat", [g.op("Unsqueeze", [x, self.ints(1)]), g.op("Unsqueeze", [y, self.ints(1)])], axis=1)
+        grid = g.op("Unsqueeze", [grid, self.ints(0, 2)])  # [1, patches, 1, 2]: (x, y) per patch
+        sampled = g.op("GridSample", [table, grid], mode=mode, padding_mode="border", align_corners=align_corners)
+        return g.op("Transpose", [g.op("Reshape", [sampled, self.ints(embed, -1)])], perm=[1, 0])
+
     def rotary_caches(self, cos: str, sin: str) -> tuple[str, str]:
         """The fused blocks' rotary: ONNX Runtime's ``RotaryEmbedding`` (rotate-half) with one cache row per
         patch (``positions``' [1, patches, head_dim] cos/sin cut to their unique first half) and position
@@ -370,7 +388,8 @@ class _QwenVision(VisionGraph):
         self.g.nodes[-1].output[0] = "image_features"
         inputs = [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["num_patches", s.patch_values]),
                   helper.make_tensor_value_info(self.grid, TensorProto.INT64, ["num_images", 3])]
-        out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", width or s.out_hidden])
+        out = helper.make_tensor_value_info("image_features", TensorProto.FLOAT,
+                                            ["num_image_tokens", width or s.out_hidden])
         return self.finish(f"{s.config()['model_type']}_vision_encoder", inputs, [out])
 
 

@@ -88,22 +88,14 @@ class _GlmVision(_QwenVision):
 
     def position_table(self) -> str:
         """[patches, embed]: the learned table resampled at each patch's place in its image (bicubic)."""
-        g, s = self.g, self.s
-        side = s.table_side
-        table = self.w["visual.embeddings.position_embedding.weight"].reshape(side, side, s.embed_dim)
-        table = self.const("position_table", np.ascontiguousarray(table.transpose(2, 0, 1)[None]))  # [1, C, S, S]
+        g = self.g
         half, two, one = (self.const(n, np.float32(v)) for n, v in (("half", 0.5), ("two", 2.0), ("onef", 1.0)))
 
         def scaled(index: str, sides: str) -> str:  # ((index + 0.5) / side) * 2 - 1, in float32
             index, sides = (g.op("Cast", [v], to=TensorProto.FLOAT) for v in (index, sides))
             return g.op("Sub", [g.op("Mul", [g.op("Div", [g.op("Add", [index, half]), sides]), two]), one])
 
-        h, w = self.sides
-        x, y = scaled(self.column, w), scaled(self.row, h)
-        grid = g.op("Concat", [g.op("Unsqueeze", [x, self.ints(1)]), g.op("Unsqueeze", [y, self.ints(1)])], axis=1)
-        grid = g.op("Unsqueeze", [grid, self.ints(0, 2)])  # [1, patches, 1, 2]: (x, y) per patch
-        sampled = g.op("GridSample", [table, grid], mode="bicubic", padding_mode="border", align_corners=0)
-        return g.op("Transpose", [g.op("Reshape", [sampled, self.ints(s.embed_dim, -1)])], perm=[1, 0])
+        return self.resampled_table("visual.embeddings.position_embedding.weight", scaled, "bicubic", 0)
 
     def build(self) -> onnx.ModelProto:
         g, s = self.g, self.s

@@ -82,10 +82,7 @@ class _Qwen3Vision(_QwenVision):
 
     def position_table(self) -> str:
         """[patches, embed]: the learned table sampled bilinearly at each patch's place in its image."""
-        g, s = self.g, self.s
-        side = s.table_side
-        table = self.w["visual.pos_embed.weight"].reshape(side, side, s.embed_dim)
-        table = self.const("position_table", np.ascontiguousarray(table.transpose(2, 0, 1)[None]))  # [1, C, S, S]
+        g = self.g
         two, one = self.const("two", np.float32(2.0)), self.const("onef", np.float32(1.0))
 
         def scaled(index: str, sides: str) -> str:  # linspace over the table: index / (n - 1) * 2 - 1; n = 1 -> -1
@@ -94,12 +91,7 @@ class _Qwen3Vision(_QwenVision):
                                                self.const("one", np.int64(1))])], to=TensorProto.FLOAT)
             return g.op("Sub", [g.op("Mul", [g.op("Div", [index, gaps]), two]), one])
 
-        h, w = self.sides
-        x, y = scaled(self.column, w), scaled(self.row, h)
-        grid = g.op("Concat", [g.op("Unsqueeze", [x, self.ints(1)]), g.op("Unsqueeze", [y, self.ints(1)])], axis=1)
-        grid = g.op("Unsqueeze", [grid, self.ints(0, 2)])  # [1, patches, 1, 2]: (x, y) per patch
-        sampled = g.op("GridSample", [table, grid], mode="bilinear", padding_mode="border", align_corners=1)
-        return g.op("Transpose", [g.op("Reshape", [sampled, self.ints(s.embed_dim, -1)])], perm=[1, 0])
+        return self.resampled_table("visual.pos_embed.weight", scaled, "bilinear", 1)
 
     def merger(self, x: str, prefix: str, postshuffle: bool) -> str:
         """Qwen3VLVisionPatchMerger: LayerNorm (per patch, or over the merged row when ``postshuffle``), the 2x2

@@ -165,7 +165,8 @@ def text_shape(family: str, shape: VLMShape) -> DecoderShape:
     """The decoder's shape: ``shape.text``, with Qwen3-VL's q/k norms, interleaved M-RoPE and DeepStack sets."""
     if family != "qwen3_vl":
         return shape.text
-    return replace(shape.text, qk_norm=True, mrope_interleaved=True, deepstack=len(vision_spec(family, shape).deepstack))
+    sets = len(vision_spec(family, shape).deepstack)
+    return replace(shape.text, qk_norm=True, mrope_interleaved=True, deepstack=sets)
 
 
 def glm_mrope_section(rotated_half: int) -> tuple[int, int, int]:

@@ -156,8 +156,9 @@ def test_decoders_quantized_from_the_checkpoint_equal_the_quantized_fp32_graph(q
     config = json.loads((quantized_folder / "config.json").read_text())
     rng = np.random.default_rng(1)
     width = config["text_config"]["hidden_size"] * (1 + deepstack_sets(quantized_folder.name))
-    feeds = {"inputs_embeds": (rng.standard_normal((1, 9, width)) * 0.2).astype(np.float32), "attention_mask": np.ones((1, 9), np.int64),
-        "position_ids": np.broadcast_to(np.arange(9, dtype=np.int64), (3, 1, 9)).copy(), **empty_past(config, 1)}
+    feeds = {"inputs_embeds": (rng.standard_normal((1, 9, width)) * 0.2).astype(np.float32),
+             "attention_mask": np.ones((1, 9), np.int64),
+             "position_ids": np.broadcast_to(np.arange(9, dtype=np.int64), (3, 1, 9)).copy(), **empty_past(config, 1)}
     ours = session(quantized_folder, f"decoder_model_merged_{precision}").run(["logits"], feeds)[0]
     theirs = session(tmp_path, "reference").run(["logits"], feeds)[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
