@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 import pytest
 
-from vlm_checkpoints import (MROPE_FAMILIES, QWEN_FAMILIES, VLMSpec, checkpoint, deepstack_sets, empty_past,
-                             load_model, model_inputs, onnx_greedy, patch_values, sample_image, session, vision_feeds,
-                             vlm_root, widened)
+from vlm_checkpoints import (MROPE_FAMILIES, QWEN3_4B_HEADS, QWEN_FAMILIES, VLMSpec, checkpoint, deepstack_sets,
+                             empty_past, load_model, model_inputs, onnx_greedy, patch_values, sample_image, session,
+                             vision_feeds, vlm_root, widened)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -30,10 +30,6 @@ SPECS = {"qwen2_vl": VLMSpec(family="qwen2_vl"), "idefics3": VLMSpec(family="ide
 # GLM-4.1V-9B's head geometry: 128 channels, 64 rotated as mrope [8, 12, 12]; vision heads of 128; a 24x24 table
 GLM_REAL_HEADS = VLMSpec(family="glm4v", seed=5, hidden=256, heads=2, kv_heads=1, intermediate=256, vision_dim=256,
                          vision_heads=2, image_size=336)
-# Qwen3-VL-4B's head geometry: text heads of 128 channels on a narrower hidden size (2560 / 32 heads would be 80),
-# M-RoPE [24, 20, 20] interleaved; vision heads of 64; a 48x48 table; three DeepStack sets
-QWEN3_REAL_HEADS = VLMSpec(family="qwen3_vl", seed=9, hidden=160, heads=2, kv_heads=1, head_dim=128, layers=3,
-                           intermediate=256, vision_dim=128, vision_heads=2, vision_depth=3, image_size=768)
 QWEN = SPECS["qwen2_vl"]
 PARTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 
@@ -457,7 +453,7 @@ def test_qwen3_vl_at_4b_head_geometry_equals_transformers(tmp_path_factory, tmp_
     and greedy tokens equal transformers', fused and portable."""
     from edge_runtime.vision_convert import convert_vlm_folder
 
-    hf = checkpoint(QWEN3_REAL_HEADS, vlm_root(tmp_path_factory))
+    hf = checkpoint(QWEN3_4B_HEADS, vlm_root(tmp_path_factory))
     config = json.loads((hf / "config.json").read_text())
     assert config["text_config"]["rope_scaling"]["mrope_section"] == [24, 20, 20]
     assert config["text_config"]["head_dim"] * 2 != config["text_config"]["hidden_size"]

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlm_checkpoints import (VLMSpec, checkpoint, load_model, model_inputs, onnx_greedy, sample_image, vlm_root,
-                             zoo_checkpoint)
+from vlm_checkpoints import (QWEN3_4B_HEADS, VLMSpec, checkpoint, load_model, model_inputs, onnx_greedy, sample_image,
+                             vlm_root, zoo_checkpoint)
 
 torch = pytest.importorskip("torch")
 
@@ -46,7 +46,8 @@ CASES = [(VLMSpec(family="qwen2_vl"), (84, 56)), (VLMSpec(family="qwen2_5_vl", s
          (VLMSpec(family="idefics3", seed=1, split=False, longest_edge=32), (32, 32)),
          (VLMSpec(family="smolvlm", seed=2), (64, 64)),
          # Qwen3-VL: its DeepStack sets ride in the widened rows transformers.js splices like any others
-         (VLMSpec(family="qwen3_vl", seed=8, image_size=64, vision_depth=3), (128, 64))]
+         (VLMSpec(family="qwen3_vl", seed=8, image_size=64, vision_depth=3), (128, 64)),
+         (QWEN3_4B_HEADS, (160, 320))]  # transformers.js sizes its KV by the config's head_dim
 DTYPES = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}
 
 
@@ -54,7 +55,8 @@ def decode(tensor: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(tensor["b64"]), DTYPES[tensor["dtype"]]).reshape(tensor["dims"])
 
 
-@pytest.mark.parametrize("spec,size", CASES, ids=[spec.family for spec, _ in CASES])
+@pytest.mark.parametrize("spec,size", CASES, ids=[spec.family + ("-4b-heads" if spec.head_dim else "")
+                                                  for spec, _ in CASES])
 def test_transformers_js_greedy_tokens_equal_transformers(spec: VLMSpec, size: tuple, tmp_path_factory,
                                                           tmp_path: Path) -> None:
     """A converted checkpoint."""

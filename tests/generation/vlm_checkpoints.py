@@ -55,6 +55,12 @@ class VLMSpec:
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
+# Qwen3-VL-4B's head geometry: text heads of 128 channels on a narrower hidden size (2560 / 32 heads would be
+# 80), M-RoPE [24, 20, 20] interleaved; vision heads of 64; a 48x48 position table; three DeepStack sets
+QWEN3_4B_HEADS = VLMSpec(family="qwen3_vl", seed=9, hidden=160, heads=2, kv_heads=1, head_dim=128, layers=3,
+                         intermediate=256, vision_dim=128, vision_heads=2, vision_depth=3, image_size=768)
+
+
 def vlm_root(tmp_path_factory) -> Path:
     root = os.environ.get("EDGE_RUNTIME_TEST_MODELS")
     if root:
