@@ -480,8 +480,9 @@ class _Decoder:
                         helper.make_tensor_value_info(present_v, TensorProto.FLOAT, out_shape)]
         keep = self.lm_head(self.rms_norm(x, "model.norm.weight"))
         positions = ([3] if self.mrope else []) + ["batch_size", "sequence_length"]
-        graph_inputs = [self.first_input(), helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
-                                                             ["batch_size", "past_sequence_length + sequence_length"]),
+        graph_inputs = [self.first_input(),
+                        helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                                      ["batch_size", "past_sequence_length + sequence_length"]),
                         helper.make_tensor_value_info("position_ids", TensorProto.INT64, positions)]
         logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logits_length", s.vocab])
         return g.model("qwen2_style_decoder", graph_inputs + inputs + [keep], [logits] + outputs)

@@ -7,8 +7,8 @@ the same PIL resampling, then rescale and normalise through a per-channel lookup
 does transformers' float arithmetic on each of the 256 byte values, so ``pixel_values`` are
 bit-equal, at the cost of one gather per channel.
 
-Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` / ``glm4v`` (:mod:`.qwen_preprocess`), ``idefics3`` / ``smolvlm``
-(:mod:`.idefics_preprocess`).
+Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` / ``glm4v`` (:mod:`.qwen_preprocess`), ``idefics3`` /
+``smolvlm`` (:mod:`.idefics_preprocess`).
 """
 
 from __future__ import annotations
