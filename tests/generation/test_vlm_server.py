@@ -292,23 +292,24 @@ def test_a_text_only_model_forwards_a_screenshot_to_its_vlm_cloud_peer(
         runtime.close()
 
 
-def test_a_glm_agent_step_over_http_equals_the_embedded_api(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """GLM-4.1V (AutoGLM-Phone's architecture) served: an Open-AutoGLM-style step (system prompt, the
-    screenshot in the newest user turn, temperature 0, top_p 0.85, frequency_penalty 0.2, streamed)
-    answers as the embedded API does; the next step (the first screenshot stripped from the history, a
-    new one in the newest turn) reads the prompt both steps share from the prefix cache, up to the
-    place where the first step's screenshot was."""
+@pytest.mark.parametrize("family", ["glm4v", "qwen3_vl"])
+def test_an_agent_step_over_http_equals_the_embedded_api(family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """GLM-4.1V (AutoGLM-Phone's architecture) and Qwen3-VL (DeepStack rows) served: an Open-AutoGLM-style
+    step (system prompt, the screenshot in the newest user turn, temperature 0, top_p 0.85,
+    frequency_penalty 0.2, streamed) answers as the embedded API does; the next step (the first
+    screenshot stripped from the history, a new one in the newest turn) reads the prompt both steps
+    share from the prefix cache, up to the place where the first step's screenshot was."""
     from edge_runtime.vlm_zoo import write_vlm_folder
 
-    root = tmp_path_factory.mktemp("glm-repository")
-    write_vlm_folder(root / "autoglm" / "1", "glm4v", seed=2)
-    (root / "autoglm" / "config.toml").write_text('[vision]\nplan = "cpu"\n')
+    root = tmp_path_factory.mktemp(f"{family}-repository")
+    write_vlm_folder(root / "agent" / "1", family, seed=2)
+    (root / "agent" / "config.toml").write_text('[vision]\nplan = "cpu"\n')
     sampling = dict(max_tokens=10, temperature=0, top_p=0.85, frequency_penalty=0.2)
     first = _messages(_url(_png(4)), "Open the settings app.")
-    with served_repository(root, tmp_path_factory.mktemp("glm-cache")) as live:
-        model = _model(live, "autoglm")
+    with served_repository(root, tmp_path_factory.mktemp(f"{family}-cache")) as live:
+        model = _model(live, "agent")
         client = _client(base_url(live))
-        stream = client.chat.completions.create(model="autoglm", messages=first, stream=True,
+        stream = client.chat.completions.create(model="agent", messages=first, stream=True,
                                                 stream_options={"include_usage": True}, **sampling)
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -317,7 +318,7 @@ def test_a_glm_agent_step_over_http_equals_the_embedded_api(tmp_path_factory: py
         stripped = [first[0], {"role": "user", "content": "Open the settings app."},
                     {"role": "assistant", "content": text}]
         second = [*stripped, _messages(_url(_png(5)), "Turn on Wi-Fi.")[1]]
-        answer = client.chat.completions.create(model="autoglm", messages=second, **sampling)
+        answer = client.chat.completions.create(model="agent", messages=second, **sampling)
         ids = [model.prepare(messages=m).ids for m in (first, second)]
         shared = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
         block = model.settings.prefix_block_tokens
