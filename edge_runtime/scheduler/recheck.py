@@ -6,9 +6,12 @@ slowed one engine since (another app on the GPU, a thermal cap). The scheduler
 therefore keeps the candidates measured close to the winner (and ``cpu``,
 which is always cheap to hold) as plans, and ``PlanRecheck``:
 
-* sends one decision in ``PROBE_EVERY`` to a candidate still short of
+* sends a probe every ``PROBE_EVERY`` decisions to a candidate still short of
   ``MIN_SAMPLES`` runs (marked as exploring), so every side has live figures
-  even under the ``fixed`` policy;
+  even under the ``fixed`` policy. A probe is two runs back to back, of which
+  only the second is timed: the first wakes a candidate that sat idle since its
+  last probe (a pool's threads asleep, its weights out of cache), which the served
+  plan, running back to back, does not pay;
 * abandons the served plan once the lower quartile of its last runs (compute
   ms per row; ``_speed`` says why not the median) is over ``ABANDON_RATIO``
   times a candidate's, both with at least ``MIN_SAMPLES`` runs, or when most
@@ -56,22 +59,34 @@ class PlanRecheck:
         self.abandoned: Counter[tuple[str, str]] = Counter()  # (plan, reason) -> times abandoned
         self._samples: dict[str, deque[float]] = {n: deque(maxlen=WINDOW) for n in (served, *self.candidates)}
         self._decisions = 0
+        self._warm_run: str | None = None  # the candidate whose probe owes its second (timed) run
+        self._cold: Counter[str] = Counter()  # first runs of probes not yet observed, per plan
 
     def override(self, decision: Decision) -> Decision:
         """The decision to run instead: the replacement of an abandoned plan, or now and then a probe."""
         self._decisions += 1
         if decision.plan in {plan for plan, _ in self.abandoned} and not decision.explored:
             return Decision(self.served, f"{decision.plan} abandoned for {self.served}")
+        if decision.plan == self.served and self._warm_run is not None:
+            plan, self._warm_run = self._warm_run, None
+            return Decision(plan, f"re-checking {self.served} against {plan}", explored=True)
         if decision.plan == self.served and self._decisions % self.probe_every == 0:
             short = [c for c in self.candidates if len(self._samples[c]) < self.min_samples]
             if short:
-                return Decision(short[0], f"re-checking {self.served} against {short[0]}", explored=True)
+                self._warm_run = short[0]
+                self._cold[short[0]] += 1
+                return Decision(short[0], f"re-checking {self.served} against {short[0]} (waking it, untimed)",
+                                explored=True)
         return decision
 
     def observe(self, plan: str, compute_ms: float, rows: int, ok: bool) -> None:
         """Learn one finished run; may abandon the served plan (logged once, counted)."""
         if plan not in self._samples:
             return
+        if self._cold[plan]:  # a probe's first run: timed with the wake-up, so not kept (a failure still is)
+            self._cold[plan] -= 1
+            if ok:
+                return
         self._samples[plan].append(compute_ms / max(1, rows) if ok else float("inf"))
         served = self._samples[self.served]
         if len(served) < self.min_samples:
@@ -106,7 +121,11 @@ def _speed(samples: Sequence[float]) -> float:
     runs over 1 ms after a 2 ms gap, none back to back; median 0.13 ms), which the served plan,
     running back to back, rarely pays: with medians the re-check read the cpu plan 10-20x slower
     than it is in about a third of runs. The lower quartile reads each side without those wake-ups;
-    a plan slower on every run (a throttled device) is slower there too."""
+    a plan slower on every run (a throttled device) is slower there too. Probes also go in pairs,
+    timing the second run only (``PlanRecheck.override``): one CI run here still read a candidate's
+    12 single probes at 0.27 ms a row at their lower quartile against the served plan's 0.06, a plan
+    3x slower than that candidate by construction (``tests/planning/test_auto_liar.py``), so more
+    than three quarters of those probes paid the idle candidate's wake-up."""
     return statistics.quantiles(samples, n=4, method="inclusive")[0] if len(samples) > 1 else samples[0]
 
 
