@@ -112,10 +112,14 @@ class _Qwen3Vision(_QwenVision):
         x = g.op("Add", [x, self.const("patch_embed.bias", self.w["visual.patch_embed.proj.bias"])])
         cos, sin = self.positions()  # before the table: it reads the rows and columns positions() finds
         x = g.op("Add", [x, self.position_table()])
-        taps = {n: i for i, n in enumerate(s.deepstack)}
+        taps = {block: i for i, block in enumerate(s.deepstack)}
         sets: dict[int, str] = {}
-        x = self.blocks(x, cos, sin, after=lambda n, out: sets.__setitem__(taps[n], self.merger(
-            out, f"visual.deepstack_merger_list.{taps[n]}.", postshuffle=True)) if n in taps else None)
+
+        def tap(block: int, out: str) -> None:  # DeepStack: this block's output through a merger of its own
+            if block in taps:
+                sets[taps[block]] = self.merger(out, f"visual.deepstack_merger_list.{taps[block]}.", postshuffle=True)
+
+        x = self.blocks(x, cos, sin, after=tap)
         main = self.merger(x, "visual.merger.", postshuffle=False)
         if sets:
             g.op("Concat", [main, *(sets[i] for i in range(len(sets)))], axis=-1)
