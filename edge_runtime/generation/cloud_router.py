@@ -174,7 +174,7 @@ class GenerationRouter:
                 if finishing is not None:  # the usage chunk after the finish: fold it in
                     finishing = dataclasses.replace(finishing, usage=chunk.usage or finishing.usage)
                     continue
-                texts += 1 if chunk.text else 0
+                texts += 1 if chunk.text or chunk.reasoning or chunk.tool_calls else 0
                 if chunk.finish_reason is not None:
                     finishing = chunk
                     continue

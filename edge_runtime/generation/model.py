@@ -70,7 +70,8 @@ class GenerationResult:
     elapsed_s: float = 0.0
     timings: RequestTimings | None = None
     tool_calls: tuple[Any, ...] = ()  # tool_parsers.ToolCall, when tools were offered and called
-    content: str | None = None  # the text outside the tool calls (``text`` when there are none)
+    content: str | None = None  # the text outside the reasoning and tool calls (``text`` when there are none)
+    reasoning: str | None = None  # a chat answer's <think> part, with [generation] reasoning_parser on
 
 
 @dataclass
@@ -207,6 +208,7 @@ class GenerativeModel:
         from edge_runtime.generation.tool_parsers import default_parser
 
         self.tool_parser = self.settings.tool_parser or default_parser(self.tokenizer.template_source)
+        self.reasoning_parser = self.settings.reasoning_parser  # "" = off (generation.reasoning)
         self.batcher.start()
         log.info("generative model %s on %s: %s, %d layers, context %d, KV %d B/token", name, self.backend,
                  self.folder.model_type or "decoder", self.folder.kv.layers, self.batcher.max_len,
@@ -409,9 +411,15 @@ class GenerativeModel:
             raise TimeoutError(f"generation took longer than {timeout_s} s")
         assert gathered.last is not None
         first = gathered.first_at - started if gathered.first_at is not None else None
+        # a chat answer's reasoning starts in the prompt when its template opened the block (None: not read)
+        opened = None
+        if messages is not None and self.reasoning_parser:
+            from edge_runtime.generation.reasoning import opens_in_prompt
+
+            opened = opens_in_prompt(prepared.text)
         return self._result(gathered.collected, gathered.last, first, time.perf_counter() - started,
                             request_timings(prepared, handle, started, submitted),
-                            self.tool_parser if structured.parses_tools else None)
+                            self.tool_parser if structured.parses_tools else None, opened)
 
     async def stream(self, prompt: str | Sequence[int] | None = None, *,
                      messages: Sequence[Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
@@ -469,20 +477,28 @@ class GenerativeModel:
 
     @staticmethod
     def _result(collected: _Collected, last: Chunk, first: float | None, elapsed: float,
-                timings: RequestTimings | None = None, tool_parser: str | None = None) -> GenerationResult:
+                timings: RequestTimings | None = None, tool_parser: str | None = None,
+                reasoning_opened: bool | None = None) -> GenerationResult:
+        """``reasoning_opened``: None leaves the text whole; else the reasoning is split off first (True: the
+        prompt opened it) and tool calls are read from the rest."""
         if last.error is not None:
             raise last.error
         assert last.usage is not None and last.finish_reason is not None
         text, reason = "".join(collected.texts), last.finish_reason
         content: str | None = text
+        reasoning = None
+        if reasoning_opened is not None:
+            from edge_runtime.generation.reasoning import split
+
+            reasoning, content = split(text, reasoning_opened)
         calls: list[Any] = []
-        if tool_parser is not None:
+        if tool_parser is not None and content is not None:
             from edge_runtime.generation.tool_parsers import parse
 
-            content, calls = parse(tool_parser, text)
+            content, calls = parse(tool_parser, content)
             reason = "tool_calls" if calls and reason == "stop" else reason
         return GenerationResult(text, reason, last.usage, tuple(collected.ids), tuple(collected.logprobs), first,
-                                elapsed, timings, tuple(calls), content)
+                                elapsed, timings, tuple(calls), content, reasoning)
 
     def close(self) -> None:
         self.batcher.close(10.0)

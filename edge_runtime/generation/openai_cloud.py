@@ -57,7 +57,7 @@ def _ssl_context(config: "CloudConfig") -> ssl.SSLContext | bool:
 def parse_event(data: Mapping[str, Any]) -> Chunk:
     """One chunk of a chat or completion stream (a usage-only chunk has no choices)."""
     choices = data.get("choices") or []
-    text, finish, calls = "", None, ()
+    text, finish, calls, thought = "", None, (), ""
     if choices:
         choice = choices[0]
         delta = choice.get("delta")
@@ -65,11 +65,14 @@ def parse_event(data: Mapping[str, Any]) -> Chunk:
         finish = choice.get("finish_reason")
         if isinstance(delta, Mapping) and isinstance(delta.get("tool_calls"), list):
             calls = tuple(c for c in delta["tool_calls"] if isinstance(c, Mapping))
+        if isinstance(delta, Mapping):  # a thinking peer's reasoning, under vLLM's new or old name
+            thought = delta.get("reasoning") or delta.get("reasoning_content") or ""
+            thought = thought if isinstance(thought, str) else ""
     usage = data.get("usage")
     parsed_usage = None
     if isinstance(usage, Mapping):
         parsed_usage = Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
-    return Chunk(text, (), (), finish, parsed_usage, tool_calls=calls)
+    return Chunk(text, (), (), finish, parsed_usage, tool_calls=calls, reasoning=thought)
 
 
 class OpenAICloud:
@@ -118,9 +121,11 @@ class OpenAICloud:
                         if payload == "[DONE]":
                             break
                         chunk = parse_event(json.loads(payload))
-                        if chunk.text and first is None:
+                        # anything a client may already have been sent counts: after it no local restart
+                        said = bool(chunk.text or chunk.reasoning or chunk.tool_calls)
+                        if said and first is None:
                             first = time.perf_counter()
-                        tokens += 1 if chunk.text else 0
+                        tokens += 1 if said else 0
                         finished = finished or chunk.finish_reason is not None
                         yield chunk
         except CloudStreamError as exc:

@@ -42,6 +42,7 @@ class OpenAIRequest:
     n: int = 1  # choices asked for
     chat: ChatOptions = DEFAULT_CHAT  # vLLM's chat_template_kwargs / add_generation_prompt / continue_final_message
     truncate: int | None = None  # vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: the context)
+    include_reasoning: bool = True  # vLLM's: false drops a thinking model's reasoning from the answer
 
     def choice(self, index: int) -> "OpenAIRequest":
         """The request of choice ``index`` alone: one choice, and with a ``seed``, ``seed + index`` (so
@@ -215,7 +216,8 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     return OpenAIRequest(model, _sampling(body, chat=True), stream, _stream_options(body, stream),
                          messages=messages, wants_async=_bool(body, "async"), body=body,
                          images=image_parts(messages), structured=structured, n=_choices(body),
-                         chat=ChatOptions.from_body(body), truncate=_truncate(body))
+                         chat=ChatOptions.from_body(body), truncate=_truncate(body),
+                         include_reasoning=_bool(body, "include_reasoning", True))
 
 
 def parse_completion(body: Mapping[str, Any]) -> OpenAIRequest:

@@ -80,6 +80,7 @@ class Chunk:
     usage: Usage | None = None
     error: BaseException | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()  # a cloud peer's tool-call deltas, passed through as sent
+    reasoning: str = ""  # a cloud peer's reasoning delta, passed through as sent
 
 
 Sink = Callable[[Chunk], None]

@@ -28,6 +28,8 @@
                                   # uint8, q4, bnb4, fp16, q4f16 ("" = the first present, fp32 first)
     tool_parser = ""              # tool-call format: "hermes" (Qwen2.5 <tool_call>) or "json";
                                   # "" = hermes when the chat template mentions <tool_call>, else json
+    reasoning_parser = ""         # "think" (or vLLM's qwen3 / deepseek_r1 / glm45): a chat answer's
+                                  # <think>...</think> goes to reasoning_content, the rest to content; "" = off
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class GenerationSettings:
     prefix_cache_disk_bytes: int = 0  # generation.prefix_store: the blocks kept on disk too (0 = off)
     threads: int = 0
     tool_parser: str = ""
+    reasoning_parser: str = ""  # generation.reasoning: "" (off) or one of its PARSERS
     flush_denormals: bool = True  # edge_runtime.denormals: the engine's session and the batcher thread
     # A text decoder in onnxruntime-genai's format: "engine" runs it in ours (continuous batching, prefix
     # cache) when its graph fits (folder.read_genai_decoder), else onnxruntime-genai; "onnxruntime-genai"
@@ -96,6 +99,11 @@ class GenerationSettings:
             raise ConfigError(f"[generation] precision must be one of {list(SUFFIXES)}, got {self.precision!r}")
         if self.tool_parser not in ("", "hermes", "json"):
             raise ConfigError(f"[generation] tool_parser must be 'hermes' or 'json', got {self.tool_parser!r}")
+        from edge_runtime.generation.reasoning import PARSERS
+
+        if self.reasoning_parser not in ("", *PARSERS):
+            raise ConfigError(f"[generation] reasoning_parser must be one of {list(PARSERS)} (or \"\" for off), "
+                              f"got {self.reasoning_parser!r}")
 
     def chunk_tokens(self, streams_decoding: bool, vocab_size: int) -> int:
         """Prefill chunk length: ``prefill_chunk_tokens`` while streams decode between chunks, else up to

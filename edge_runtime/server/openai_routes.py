@@ -14,6 +14,11 @@ tools offered, the answer is read in the model's tool-call format
 (``tool_parsers``) into ``message.tool_calls`` and ``finish_reason:
 "tool_calls"``, and a stream sends each call as OpenAI does (``tool_stream``).
 A cloud peer's own tool-call deltas pass through as it sent them.
+
+Reasoning (``[generation] reasoning_parser``, ``generation.reasoning``): a chat answer's
+``<think>`` part goes to ``message.reasoning_content`` and ``message.reasoning`` (vLLM's old and new
+names; its deltas likewise), tool calls are read from the rest, and ``include_reasoning: false``
+drops it. A cloud peer's own reasoning deltas pass through.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, AsyncIterator, Awaitable
 from aiohttp import web
 
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
-from edge_runtime.generation import tool_parsers
+from edge_runtime.generation import reasoning, tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
 from edge_runtime.generation.structured import compiles_anew, resolve
 from edge_runtime.generation.tool_stream import ToolStream
@@ -65,6 +70,8 @@ class _Answer:
         self.created = int(time.time())
         # the tool-call format the answer is read in (None: tools not offered, or tool_choice none)
         self.tool_parser = getattr(self.model, "tool_parser", "json") if parsed.structured.parses_tools else None
+        # the answer's <think> part is read apart (chat only, with the model's reasoning parser on)
+        self.thinks = self.chat and bool(getattr(self.model, "reasoning_parser", ""))
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -89,17 +96,24 @@ class _Answer:
         last = chunks[-1]
         text = "".join(c.text for c in chunks)
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            thought: str | None = "".join(c.reasoning for c in chunks) or None  # a cloud peer's own, as sent
+            content: str | None = text
+            if thought is None and self.thinks:
+                thought, content = reasoning.split(text, reasoning.opens_in_prompt(prompt_text))
+            message: dict[str, Any] = {"role": "assistant", "content": content}
             reason = last.finish_reason
             remote = [d for c in chunks for d in c.tool_calls]
             if remote:  # a cloud peer answered with tool calls: passed on as it made them
-                message = {"role": "assistant", "content": text or None, "tool_calls": tool_parsers.assemble(remote)}
-            elif self.tool_parser is not None:
-                content, calls = tool_parsers.parse(self.tool_parser, text)
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": tool_parsers.assemble(remote)}
+            elif self.tool_parser is not None and content is not None:
+                content, calls = tool_parsers.parse(self.tool_parser, content)
                 if calls:
                     message = {"role": "assistant", "content": content,
                                "tool_calls": [c.to_dict() for c in calls]}
                     reason = "tool_calls" if reason == "stop" else reason
+            if thought is not None and self.parsed.include_reasoning:
+                message.update(_reasoning_fields(thought))
             return {"index": index, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
         return {"index": index, "text": (prompt_text if self.parsed.echo else "") + text,
                 "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
@@ -133,20 +147,32 @@ class _Answer:
         elif self.parsed.echo:
             yield {"index": index, "text": prompt_text, "logprobs": None, "finish_reason": None}
         tools = ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
+        thinking = reasoning.ReasoningStream(reasoning.opens_in_prompt(prompt_text)) if self.thinks else None
         called = False
         chunk = first
         while chunk is not None:
             lasts[index] = chunk
-            text, reason = chunk.text, chunk.finish_reason
+            text, reason, thought = chunk.text, chunk.finish_reason, chunk.reasoning
+            if thinking is not None and not thought:
+                parts = thinking.feed(text) + (thinking.finish() if reason is not None else [])
+                thought = "".join(piece for kind, piece in parts if kind == "reasoning")
+                text = "".join(piece for kind, piece in parts if kind == "content")
+            thought = thought if self.parsed.include_reasoning else ""
             if tools is not None:
+                if thought:  # before the calls the same chunk may open
+                    yield {"index": index, "delta": _reasoning_fields(thought), "logprobs": None,
+                           "finish_reason": None}
+                    thought = ""
                 events = tools.feed(text) + (tools.finish() if reason is not None else [])
                 called = called or any(e[0] == "call" for e in events)
                 for delta in _tool_deltas(events):
                     yield {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
                 text = ""
                 reason = "tool_calls" if called and reason == "stop" else reason
-            if text or reason or chunk.logprobs or chunk.tool_calls:
-                delta: dict[str, Any] = {"content": text} if text else {}
+            if text or thought or reason or chunk.logprobs or chunk.tool_calls:
+                delta: dict[str, Any] = _reasoning_fields(thought) if thought else {}
+                if text:
+                    delta["content"] = text
                 if chunk.tool_calls:
                     delta["tool_calls"] = [dict(c) for c in chunk.tool_calls]
                 choice = ({"index": index, "delta": delta} if self.chat else {"index": index, "text": text})
@@ -154,6 +180,12 @@ class _Answer:
                 choice["finish_reason"] = reason
                 yield choice
             chunk = await anext(rest, None)
+
+
+def _reasoning_fields(text: str) -> dict[str, str]:
+    """A message's or delta's reasoning under both of vLLM's names (``reasoning_content`` before 0.11,
+    ``reasoning`` since; DeepSeek's API and SGLang use the first)."""
+    return {"reasoning_content": text, "reasoning": text}
 
 
 def _usage(lasts: list[Any]) -> dict[str, Any]:

@@ -23,6 +23,8 @@ LONG = [{"role": "user", "content": "open close swipe left right home back wait 
 def peer(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("peer-repository")
     shutil.copytree(qwen_folder, root / "chat" / "1")
+    shutil.copytree(qwen_folder, root / "thinker" / "1")  # the same weights, its <think> part read apart
+    (root / "thinker" / "config.toml").write_text('[generation]\nreasoning_parser = "qwen3"\n')
     server = ServerProcess.start(root, tmp_path_factory.mktemp("peer-logs") / "peer.log",
                                  env={"EDGE_RUNTIME_TOKEN": TOKEN}, timeout_s=120)
     yield server
@@ -44,6 +46,7 @@ def edge(peer: ServerProcess, tmp_path_factory: pytest.TempPathFactory, qwen_fol
         "small": '[generation]\nmax_seq_len = 24\n[cloud]\nmode = "fallback"\nremote_model = "chat"\n',
         "always": '[cloud]\nmode = "always"\nremote_model = "chat"\n',
         "dead": '[cloud]\nmode = "always"\nremote_model = "no-such-model"\n',
+        "thinking-peer": '[cloud]\nmode = "always"\nremote_model = "thinker"\n',
     }
     for name, config in configs.items():
         shutil.copytree(qwen_folder, root / name / "1")
@@ -161,3 +164,25 @@ def test_tools_and_schemas_go_to_the_cloud_peer_unchanged(edge: LiveServer) -> N
         "type": "json_schema", "json_schema": {"name": "k", "schema": schema}}).choices[0].message.content
         for name in ("local", "always")]
     assert answers[0] == answers[1] and json.loads(answers[1])["k"] in ("a", "b")
+
+
+def test_a_thinking_peers_reasoning_passes_through(edge: LiveServer) -> None:
+    """The peer splits its answer's <think> part (its reasoning parser); the edge, with none of its own,
+    passes that reasoning on in the whole answer and in the stream. Oracle: the local model's raw answer
+    (same weights, greedy, the same regex constraint) cut at its tags."""
+    import re
+
+    pattern = r"<think>[a-z ]{4,14}</think>\n\n[a-z ]{3,12}"
+    ask = dict(messages=LONG, temperature=0, max_tokens=40, extra_body={"structured_outputs": {"regex": pattern}})
+    client = _client(edge)
+    raw = client.chat.completions.create(model="local", **ask).choices[0].message.content
+    thought, answer = re.fullmatch(r"<think>(.*?)</think>(.*)", raw, re.S).groups()
+    message = client.chat.completions.create(model="thinking-peer", **ask).choices[0].message
+    assert (message.model_extra["reasoning_content"], message.model_extra["reasoning"]) == (thought, thought)
+    assert message.content == answer
+    reasoning, content = [], []
+    for event in client.chat.completions.create(model="thinking-peer", stream=True, **ask):
+        for choice in event.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning") or "")
+            content.append(choice.delta.content or "")
+    assert ("".join(reasoning), "".join(content)) == (thought, answer)
