@@ -111,9 +111,10 @@ def test_a_cloud_peers_reasoning_deltas_are_read_under_either_name() -> None:
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Path:
     root = tmp_path_factory.mktemp("reasoning-repository")
-    for name, parser, template in (("plain", "", None), ("thinker", "qwen3", None),
-                                   ("opening-plain", "", OPENING_TEMPLATE), ("opening", "deepseek_r1", OPENING_TEMPLATE),
-                                   ("hermes-plain", "", HERMES_TEMPLATE), ("hermes", "think", HERMES_TEMPLATE)):
+    models = (("plain", "", None), ("thinker", "qwen3", None), ("opening-plain", "", OPENING_TEMPLATE),
+              ("opening", "deepseek_r1", OPENING_TEMPLATE), ("hermes-plain", "", HERMES_TEMPLATE),
+              ("hermes", "think", HERMES_TEMPLATE))
+    for name, parser, template in models:
         shutil.copytree(qwen_folder, root / name / "1")
         if parser:
             (root / name / "config.toml").write_text(f'[generation]\nreasoning_parser = "{parser}"\n')
