@@ -45,10 +45,16 @@ class GrammarSpec:
     kind: str
     source: str
     where: str = "grammar"
+    # a thinking model's answer (generation.reasoning): the grammar holds after its reasoning, as vLLM
+    # applies structured output once the reasoning ends. "open": the prompt opened <think>, so the answer
+    # first closes it; "optional": a <think> block may come first; "": the grammar holds from the start.
+    after_reasoning: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown grammar kind {self.kind!r}; known: {KINDS}")
+        if self.after_reasoning not in ("", "open", "optional"):
+            raise ValueError(f"after_reasoning must be '', 'open' or 'optional', got {self.after_reasoning!r}")
 
     @staticmethod
     def json_schema(schema: Any, where: str) -> "GrammarSpec":
@@ -58,10 +64,15 @@ class GrammarSpec:
 
     @property
     def key(self) -> tuple[str, str]:
-        return self.kind, self.source  # ``where`` only words errors: same grammar, same cache entry
+        # ``where`` only words errors: same grammar, same cache entry
+        return self.kind + (f"+{self.after_reasoning}" if self.after_reasoning else ""), self.source
 
     def llguidance_grammar(self) -> str:
         """The grammar in llguidance's own form; InvalidInputError when it cannot even be read."""
+        grammar = self._own_grammar()
+        return _after_reasoning(grammar, self.after_reasoning) if self.after_reasoning else grammar
+
+    def _own_grammar(self) -> str:
         from llguidance import LLMatcher, grammar_from
 
         try:
@@ -78,6 +89,24 @@ class GrammarSpec:
             return LLMatcher.grammar_from_lark(self.source)
         except (ValueError, TypeError) as exc:
             raise InvalidInputError(f"{self.where}: {exc}") from None
+
+
+# The reasoning before a constrained answer: text up to one </think> (never two), then blank space.
+# Lark lexemes in llguidance may intersect (&) and negate (~) regular expressions.
+_REASONING = (r"REASONING: /(?s:{open}.*<\/think>[ \t\n]*)/ & ~/(?s:.*<\/think>.*<\/think>.*)/")
+
+
+def _after_reasoning(grammar: str, start: str) -> str:
+    """``grammar`` (llguidance's JSON) behind a thinking model's reasoning: a Lark start rule that takes the
+    reasoning, then the grammar itself as a named sub-grammar (``@answer``)."""
+    top = json.loads(grammar)
+    grammars = top["grammars"]
+    grammars[0] = {**grammars[0], "name": "answer"}
+    if start == "open":  # the block is open: closed first, whatever the model writes inside it
+        lark = "start: REASONING @answer\n" + _REASONING.format(open="") + "\n"
+    else:  # a <think> block may come first
+        lark = "start: REASONING? @answer\n" + _REASONING.format(open=r"<think>") + "\n"
+    return json.dumps({**top, "grammars": [{"lark_grammar": lark}, *grammars]})
 
 
 class GrammarCache:

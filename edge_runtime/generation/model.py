@@ -233,12 +233,34 @@ class GenerativeModel:
         """The model's ``constraints.GrammarCache`` (None: it cannot constrain its output)."""
         return getattr(self.batcher, "grammars", None)
 
-    def structure(self, fields: Mapping[str, Any], params: SamplingParams, chat: bool = True) -> tuple[Any, Any]:
-        """(Structured, params with its compiled guide) of OpenAI's structured-output fields."""
+    def structure(self, fields: Mapping[str, Any], params: SamplingParams, chat: bool = True,
+                  options: ChatOptions = DEFAULT_CHAT) -> tuple[Any, Any]:
+        """(Structured, params with its compiled guide) of OpenAI's structured-output fields; a chat
+        request's guide holds after the reasoning of a model with a reasoning parser."""
         from edge_runtime.generation.structured import parse_structured, resolve
 
         structured = parse_structured(fields, chat)
-        return structured, resolve(structured, params, self.grammars, self.tool_parser)
+        guided = structured.guide is not None or structured.parses_tools
+        after = self.reasoning_start(options) if chat and guided else ""
+        return structured, resolve(structured, params, self.grammars, self.tool_parser, after)
+
+    def reasoning_start(self, options: ChatOptions = DEFAULT_CHAT) -> str:
+        """How a chat answer's reasoning starts with these rendering options (``GrammarSpec.after_reasoning``):
+        "open" when the template opens <think> itself, "optional" when the answer may open it, "" when the
+        model has no reasoning parser or constrains its reasoning too (``structured_in_reasoning``). Read from a one-message render: the template, not the messages,
+        decides (an assistant message continued after its own <think> aside)."""
+        if not self.reasoning_parser or self.settings.structured_in_reasoning:
+            return ""
+        from dataclasses import replace as replaced
+
+        from edge_runtime.generation.reasoning import opens_in_prompt
+
+        probe = replaced(options, continue_final_message=False, add_generation_prompt=True)
+        try:
+            text = self.tokenizer.render([{"role": "user", "content": "."}], options=probe)
+        except InvalidInputError:  # no template, or one that wants more: the answer may open the block
+            return "optional"
+        return "open" if opens_in_prompt(text) else "optional"
 
     @property
     def is_multimodal(self) -> bool:
@@ -401,7 +423,8 @@ class GenerativeModel:
         fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
         chat = _chat_options(params)
         started = time.perf_counter()
-        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
+        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None,
+                                              options=chat)
         prepared = self.prepare(prompt, messages, images, tools=_offered(structured), chat=chat)
         submitted = time.perf_counter()
         gathered = _Gathered()
@@ -429,7 +452,8 @@ class GenerativeModel:
         params.setdefault("temperature", 0.0)
         fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
         chat = _chat_options(params)
-        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
+        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None,
+                                              options=chat)
         if self.prompter is not None:
             prepared = await asyncio.to_thread(self.prepare, prompt, messages, images, _offered(structured), chat)
         else:
@@ -461,7 +485,8 @@ class GenerativeModel:
         params.setdefault("temperature", 0.0)
         fields = {k: params.pop(k) for k in list(params) if k in STRUCTURED_FIELDS}
         chat = _chat_options(params)
-        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None)
+        structured, sampling = self.structure(fields, sampling_params(**params), chat=messages is not None,
+                                              options=chat)
         chunks: "queue.Queue[Chunk]" = queue.Queue()
         handle = self.submit(self.prepare(prompt, messages, images, tools=_offered(structured), chat=chat), sampling,
                              chunks.put)

@@ -30,6 +30,9 @@
                                   # "" = hermes when the chat template mentions <tool_call>, else json
     reasoning_parser = ""         # "think" (or vLLM's qwen3 / deepseek_r1 / glm45): a chat answer's
                                   # <think>...</think> goes to reasoning_content, the rest to content; "" = off
+    structured_in_reasoning = false  # with a reasoning parser: a grammar (response_format, tools, ...)
+                                  # constrains the reasoning too; false = only the answer after it (vLLM's
+                                  # enable_in_reasoning)
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class GenerationSettings:
     threads: int = 0
     tool_parser: str = ""
     reasoning_parser: str = ""  # generation.reasoning: "" (off) or one of its PARSERS
+    structured_in_reasoning: bool = False  # vLLM's enable_in_reasoning: a grammar holds from the first token
     flush_denormals: bool = True  # edge_runtime.denormals: the engine's session and the batcher thread
     # A text decoder in onnxruntime-genai's format: "engine" runs it in ours (continuous batching, prefix
     # cache) when its graph fits (folder.read_genai_decoder), else onnxruntime-genai; "onnxruntime-genai"

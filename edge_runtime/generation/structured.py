@@ -177,13 +177,14 @@ def tool_guide(tools: ToolRequest, parser: str) -> GrammarSpec | None:
     return None
 
 
-def resolve(structured: Structured, params: Any, grammars: Any, parser: str) -> Any:
-    """``params`` with the request's guide, every grammar compiled (cached) by ``grammars``.
+def resolve(structured: Structured, params: Any, grammars: Any, parser: str, after_reasoning: str = "") -> Any:
+    """``params`` with the request's guide, every grammar compiled (cached) by ``grammars``;
+    ``after_reasoning``: the guide holds after a thinking model's reasoning (``GrammarSpec``).
 
     Each tool's parameters are compiled on their own first, so a bad schema is named by its tool.
     InvalidInputError when a grammar does not compile or the model cannot constrain.
     """
-    guide, specs = _grammars_of(structured, parser)
+    guide, specs = _grammars_of(structured, parser, after_reasoning)
     for spec in specs:
         if grammars is None:
             raise InvalidInputError(f"{spec.where}: this model cannot constrain its output")
@@ -191,16 +192,18 @@ def resolve(structured: Structured, params: Any, grammars: Any, parser: str) -> 
     return params if guide is None else replace(params, guide=guide)
 
 
-def compiles_anew(structured: Structured, grammars: Any, parser: str) -> bool:
+def compiles_anew(structured: Structured, grammars: Any, parser: str, after_reasoning: str = "") -> bool:
     """Whether ``resolve`` would compile a grammar ``grammars`` has not cached (milliseconds to
     seconds for a large schema: a server runs that off its event loop; a cached one costs nothing)."""
     if grammars is None:
         return False  # resolve only raises
-    return any(not grammars.holds(spec) for spec in _grammars_of(structured, parser)[1])
+    return any(not grammars.holds(spec) for spec in _grammars_of(structured, parser, after_reasoning)[1])
 
 
-def _grammars_of(structured: Structured, parser: str) -> tuple[GrammarSpec | None, list[GrammarSpec]]:
-    """(the request's guide, the grammars to compile for it, each tool's parameters first)."""
+def _grammars_of(structured: Structured, parser: str,
+                 after_reasoning: str = "") -> tuple[GrammarSpec | None, list[GrammarSpec]]:
+    """(the request's guide, the grammars to compile for it, each tool's parameters first).
+    ``after_reasoning``: the guide holds after a thinking model's reasoning (``GrammarSpec``)."""
     guide = structured.guide
     specs: list[GrammarSpec] = []
     if structured.tools is not None and structured.parses_tools:
@@ -211,5 +214,6 @@ def _grammars_of(structured: Structured, parser: str) -> tuple[GrammarSpec | Non
                 if parameters is not None:
                     specs.append(GrammarSpec.json_schema(dict(parameters), f"tools[{index}].function.parameters"))
     if guide is not None:
+        guide = replace(guide, after_reasoning=after_reasoning) if after_reasoning else guide
         specs.append(guide)
     return guide, specs

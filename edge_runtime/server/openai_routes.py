@@ -251,18 +251,20 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         # compiled (cached per grammar) before the request is queued: a bad schema is a 400 before any token
         grammars = getattr(loaded.model, "grammars", None)
         parser = getattr(loaded.model, "tool_parser", "json")
-        if compiles_anew(structured, grammars, parser):
+        # a thinking model's grammar holds after its reasoning (vLLM's structured output with a reasoning parser)
+        after = loaded.model.reasoning_start(parsed.chat) if answer.thinks else ""
+        if compiles_anew(structured, grammars, parser, after):
             # A new grammar (and, the first time, llguidance's tokenizer) takes milliseconds to seconds
             # for a large schema: on a thread, so other requests' tokens keep flowing; the model is
             # held busy meanwhile, as a VLM's image work holds it below.
             release = loaded.dispatcher.hold()
             try:
-                params = await asyncio.to_thread(resolve, structured, parsed.params, grammars, parser)
+                params = await asyncio.to_thread(resolve, structured, parsed.params, grammars, parser, after)
             except BaseException:
                 release()
                 raise
         else:
-            params = resolve(structured, parsed.params, grammars, parser)
+            params = resolve(structured, parsed.params, grammars, parser, after)
         parsed = replace(parsed, params=params)
     try:
         return await _route(request, parsed, loaded, answer, multimodal, release)

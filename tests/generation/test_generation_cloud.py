@@ -24,7 +24,8 @@ def peer(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Iterato
     root = tmp_path_factory.mktemp("peer-repository")
     shutil.copytree(qwen_folder, root / "chat" / "1")
     shutil.copytree(qwen_folder, root / "thinker" / "1")  # the same weights, its <think> part read apart
-    (root / "thinker" / "config.toml").write_text('[generation]\nreasoning_parser = "qwen3"\n')
+    (root / "thinker" / "config.toml").write_text('[generation]\nreasoning_parser = "qwen3"\n'
+                                                  'structured_in_reasoning = true\n')
     server = ServerProcess.start(root, tmp_path_factory.mktemp("peer-logs") / "peer.log",
                                  env={"EDGE_RUNTIME_TOKEN": TOKEN}, timeout_s=120)
     yield server

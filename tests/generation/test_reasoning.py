@@ -9,6 +9,7 @@ its tags by the test's own pattern; streamed deltas must assemble to the whole a
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -117,7 +118,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> P
     for name, parser, template in models:
         shutil.copytree(qwen_folder, root / name / "1")
         if parser:
-            (root / name / "config.toml").write_text(f'[generation]\nreasoning_parser = "{parser}"\n')
+            # the regex that shapes the answer constrains its reasoning too (vLLM's enable_in_reasoning)
+            (root / name / "config.toml").write_text(f'[generation]\nreasoning_parser = "{parser}"\n'
+                                                     'structured_in_reasoning = true\n')
         if template is not None:
             (root / name / "1" / "chat_template.jinja").write_text(template)
     return root
@@ -221,3 +224,62 @@ def test_tool_calls_are_read_after_the_reasoning(client: Any) -> None:
             finish = c.finish_reason or finish
     assert ("".join(reasoning_text), names, "".join(pieces), finish) == (thought, ["tap"], arguments, "tool_calls")
 
+
+
+# --- a grammar after the reasoning (vLLM's structured output with a reasoning parser) -----------------
+
+ACTION = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+
+
+@pytest.mark.parametrize("start,text,accepted", [
+    ("optional", '<think>look at it</think>\n\n{"x":1}', True),
+    ("optional", '{"x":1}', True),  # a model that does not think answers at once
+    ("optional", 'look</think>{"x":1}', False),  # no block was opened
+    ("optional", '<think>a</think>b</think>{"x":1}', False),  # text between the block and the answer
+    ("optional", "<think>still thinking", None),  # not finished: neither refused nor complete
+    ("open", 'look at it</think>\n{"x":2}', True),
+    ("open", '{"x":1}', None),  # inside the open block: the JSON is reasoning, the answer still to come
+    ("", '<think>a</think>{"x":1}', False),  # no reasoning parser: the grammar from the first token
+])
+def test_a_grammar_holds_after_the_reasoning(qwen_folder: Path, start: str, text: str, accepted: bool | None) -> None:
+    """llguidance itself (the engine's matcher) reads the wrapped grammar against the model's tokens."""
+    from edge_runtime.generation.constraints import GrammarCache, GrammarSpec
+
+    tokenizer_json = (qwen_folder / "tokenizer.json").read_text()
+    cache = GrammarCache(lambda: tokenizer_json, 10**6, [])
+    cache.vocab_size = cache.tokenizer.vocab_size
+    guide = cache.guide(GrammarSpec("json_schema", json.dumps(ACTION), "response_format", after_reasoning=start))
+    consumed = guide.matcher.consume_tokens(cache.tokenizer.tokenize_str(text))
+    outcome = (guide.matcher.is_accepting() or None) if consumed and not guide.matcher.is_error() else False
+    assert outcome is accepted
+
+
+def test_the_served_default_constrains_only_the_answer(tmp_path_factory: pytest.TempPathFactory,
+                                                       qwen_folder: Path) -> None:
+    """With the parser on (defaults otherwise), a chat request's grammar is compiled behind the reasoning:
+    "open" under a template that opens <think>, "optional" otherwise; a completion's is not."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+
+    folder = tmp_path_factory.mktemp("opening") / "model"
+    shutil.copytree(qwen_folder, folder)
+    (folder / "chat_template.jinja").write_text(OPENING_TEMPLATE)
+    plain = GenerativeModel("plain", qwen_folder, GenerationSettings(reasoning_parser="qwen3"), threads=1)
+    opening = GenerativeModel("opening", folder, GenerationSettings(reasoning_parser="qwen3"), threads=1)
+    schema = {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ACTION}}}
+    try:
+        assert plain.structure(schema, plain_params())[1].guide.after_reasoning == "optional"
+        assert plain.structure(schema, plain_params(), chat=False)[1].guide.after_reasoning == ""
+        assert opening.structure(schema, plain_params())[1].guide.after_reasoning == "open"
+        result = opening.generate(messages=MESSAGES, max_tokens=12, **schema)  # rambles inside the open block
+        assert result.finish_reason == "length" and result.content is None and result.reasoning == result.text
+        assert not result.text.startswith('{"x"')  # the schema did not hold from the first token
+    finally:
+        plain.close()
+        opening.close()
+
+
+def plain_params() -> Any:
+    from edge_runtime.generation.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=8)
