@@ -247,8 +247,9 @@ class GenerativeModel:
     def reasoning_start(self, options: ChatOptions = DEFAULT_CHAT) -> str:
         """How a chat answer's reasoning starts with these rendering options (``GrammarSpec.after_reasoning``):
         "open" when the template opens <think> itself, "optional" when the answer may open it, "" when the
-        model has no reasoning parser or constrains its reasoning too (``structured_in_reasoning``). Read from a one-message render: the template, not the messages,
-        decides (an assistant message continued after its own <think> aside)."""
+        model has no reasoning parser or constrains its reasoning too (``structured_in_reasoning``). Read
+        from a one-message render: the template, not the messages, decides (an assistant message continued
+        after its own <think> aside)."""
         if not self.reasoning_parser or self.settings.structured_in_reasoning:
             return ""
         from dataclasses import replace as replaced
