@@ -86,7 +86,9 @@ def write_vlm_text_files(folder: Path, family: str, vocab: int, seed: int = 0,
     from edge_runtime.tokenizer_zoo import _train
 
     folder = Path(folder)
-    qwen = family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    from edge_runtime.generation.vision.families import FAMILIES
+
+    qwen = FAMILIES[family].preprocessing == "qwen"
     extra = (QWEN_SPECIALS if qwen else GLM_SPECIALS if family == "glm4v"
              else ("<|im_start|>", "<|im_end|>", *IDEFICS_SPECIALS))
     specials = _train(folder, vocab, "qwen2", seed, extra)

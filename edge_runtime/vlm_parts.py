@@ -27,17 +27,18 @@ import onnx
 from onnx import TensorProto, helper
 
 from edge_runtime.decoder_zoo import DecoderShape, build_decoder
+from edge_runtime.generation.vision.families import FAMILIES, MROPE_FAMILIES
 from edge_runtime.model_zoo import IN_MEMORY_CHECK_BYTES, _GraphBuilder, external_weights, initializer_bytes
 
 log = logging.getLogger(__name__)
 
+# Which tower each family's converter builds (the families themselves: generation.vision.families)
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-IDEFICS_FAMILIES = ("idefics3", "smolvlm")
 GLM_FAMILIES = ("glm4v",)
 QWEN3_FAMILIES = ("qwen3_vl",)
-MROPE_FAMILIES = QWEN_FAMILIES + GLM_FAMILIES + QWEN3_FAMILIES  # decoder position_ids [3, batch, seq];
-# checkpoints name their towers model.visual.* and their text models model.language_model.*
-SUPPORTED_MODEL_TYPES = QWEN_FAMILIES + IDEFICS_FAMILIES + GLM_FAMILIES + QWEN3_FAMILIES
+# M-RoPE families (decoder position_ids [3, batch, seq]) name their towers model.visual.* and their text
+# models model.language_model.*
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
 
 def text_config(config: Mapping[str, Any]) -> dict[str, Any]:

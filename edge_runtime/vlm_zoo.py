@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.decoder_zoo import DecoderShape
+from edge_runtime.generation.vision.families import FAMILIES as KNOWN
 from edge_runtime.decoder_zoo import random_weights as decoder_weights
 from edge_runtime.vision_graphs import QwenVisionSpec
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "glm4v", "qwen3_vl")
+FAMILIES = tuple(KNOWN)  # every family generation.vision.families knows
 ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                  "idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration",
                  "glm4v": "Glm4vForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
@@ -268,7 +269,7 @@ def write_vlm_folder(folder: Path, family: str = "qwen2_vl", shape: VLMShape | N
     config["transformers.js_config"] = {"use_external_data_format": external}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     text = config.get("text_config", config)
-    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+    if KNOWN[family].preprocessing == "qwen":
         processor = qwen_preprocessor_config(family, shape.min_pixels, shape.max_pixels,
                                              patch=vision_spec(family, shape).patch)
         eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]

@@ -30,12 +30,11 @@ import numpy as np
 from edge_runtime.errors import ModelLoadError, ModelNotFoundError
 from edge_runtime.generation.folder import DecoderFolder, describe_decoder, read_json, weight_files
 from edge_runtime.generation.folder import PRECISION_ORDER, SUFFIXES
+from edge_runtime.generation.vision.families import FAMILIES
 from edge_runtime.generation.vision.settings import PARTS, VisionSettings
 
 ONNX_DIR = "onnx"
 FILE_STEMS = {"decoder": "decoder_model_merged", "embed_tokens": "embed_tokens", "vision_encoder": "vision_encoder"}
-MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "glm4v", "qwen3_vl")
-FAMILIES = (*MROPE_FAMILIES, "idefics3", "smolvlm")
 
 
 def is_vlm_folder(folder: Path) -> bool:
@@ -128,9 +127,9 @@ def read_vlm_folder(folder: Path, settings: VisionSettings | None = None) -> VLM
     image_token_id = config.get("image_token_id", config.get("image_token_index"))
     if not isinstance(image_token_id, int):
         raise ModelLoadError(f"{folder}: config.json has no integer image_token_id")
-    mrope = family in MROPE_FAMILIES
+    mrope = FAMILIES[family].mrope
     vision_config = config.get("vision_config") or {}
-    start_key = "image_start_token_id" if family == "glm4v" else "vision_start_token_id"
+    start_key = FAMILIES[family].start_token_key or "vision_start_token_id"
     start = config.get(start_key)
     if mrope and not isinstance(start, int):
         raise ModelLoadError(f"{folder}: config.json has no integer {start_key} ({family} needs it)")

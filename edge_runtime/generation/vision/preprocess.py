@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
     from edge_runtime.generation.vision.images import ImageAccess
 
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # qwen3_vl: 16-px patches, same rules
-IDEFICS_FAMILIES = ("idefics3", "smolvlm")
-FAMILIES = QWEN_FAMILIES + IDEFICS_FAMILIES + ("glm4v",)
-
 # transformers writes PILImageResampling as its int value; names are accepted too.
 _RESAMPLE_NAMES = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
@@ -159,17 +155,20 @@ def image_processor(folder: Path, config: Mapping[str, Any], budget: VisionBudge
 
     Raises ModelLoadError for an unknown family or a missing/invalid preprocessor_config.json.
     """
+    from edge_runtime.generation.vision.families import FAMILIES
+
     family = str(config.get("model_type", ""))
+    kind = FAMILIES[family].preprocessing if family in FAMILIES else ""
     pre = read_json(Path(folder) / "preprocessor_config.json")
-    if family in QWEN_FAMILIES:
+    if kind == "qwen":
         from edge_runtime.generation.vision.qwen_preprocess import QwenImageProcessor
 
         return QwenImageProcessor(family, pre, config, budget)
-    if family == "glm4v":
+    if kind == "glm":
         from edge_runtime.generation.vision.qwen_preprocess import GlmImageProcessor
 
         return GlmImageProcessor(family, pre, config, budget)
-    if family in IDEFICS_FAMILIES:
+    if kind == "idefics":
         from edge_runtime.generation.vision.idefics_preprocess import IdeficsImageProcessor
 
         processor_config_path = Path(folder) / "processor_config.json"

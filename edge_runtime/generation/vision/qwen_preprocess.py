@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from edge_runtime.errors import ConfigError, InvalidInputError, ModelLoadError
+from edge_runtime.generation.vision.families import FAMILIES
 from edge_runtime.generation.vision.preprocess import (
     ImageProcessor,
     ProcessedImage,
@@ -80,7 +81,7 @@ class QwenImageProcessor(ImageProcessor):
                  budget: VisionBudget) -> None:
         where = "preprocessor_config.json"
         self.family = family
-        self.grid_name = "grid_thw" if family == "qwen2_vl" else "image_grid_thw"
+        self.grid_name = FAMILIES[family].grid_input
         self.patch_size = config_int(pre, "patch_size", 14, where)
         self.merge_size = config_int(pre, "merge_size", 2, where)
         self.temporal_patch_size = config_int(pre, "temporal_patch_size", 2, where)
