@@ -87,6 +87,13 @@ def base_url(server: LiveServer) -> str:
     return f"http://{server.url}"
 
 
+def openai_client(server: LiveServer, timeout_s: float = 120) -> Any:
+    """The ``openai`` client of ``server``'s OpenAI routes (no retries: a test sees each answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+
+
 def post_json(server: LiveServer, path: str, body: Any) -> tuple[int, Any]:
     """(status, decoded JSON answer) of a POST with a JSON body; error statuses are answers too."""
     import json

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from generation_fixtures import LiveServer, base_url, served_repository
+from generation_fixtures import LiveServer, openai_client, served_repository
 
 MESSAGES = [{"role": "system", "content": "You are a phone agent."},
             {"role": "user", "content": "open the settings menu"}]
@@ -134,9 +134,7 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> Any:
-    import openai
-
-    return openai.OpenAI(base_url=base_url(server) + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def _ask(client: Any, model: str, pattern: str, **extra: Any) -> Any:
