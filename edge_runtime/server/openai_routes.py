@@ -27,7 +27,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, AsyncIterator, Awaitable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -238,12 +238,19 @@ def _tool_deltas(events: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 
 async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
+    return await answer_with(request, parsed, _Answer)
+
+
+async def answer_with(request: web.Request, parsed: OpenAIRequest,
+                      make_answer: Callable[[OpenAIRequest, Any], Any]) -> web.StreamResponse:
+    """Run ``parsed`` and write its answer as ``make_answer(parsed, loaded)`` builds it (``_Answer``:
+    chat and completions; ``responses_routes.ResponsesAnswer``: the Responses API)."""
     loaded = await generative(request, parsed.model)
     # NOTE: no await from here until the model is held busy (dispatcher.hold or dispatcher.stream): the budget
     # cannot unload it between.
     if parsed.wants_async and parsed.stream:
         raise InvalidInputError("'async' and 'stream' cannot be combined")
-    answer = _Answer(parsed, loaded)
+    answer = make_answer(parsed, loaded)
     multimodal = getattr(loaded.model, "is_multimodal", False)
     structured = parsed.structured
     release = None  # set once the model is held busy before its stream exists
@@ -274,7 +281,7 @@ async def _answer(request: web.Request, parsed: OpenAIRequest) -> web.StreamResp
         raise
 
 
-async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answer: "_Answer", multimodal: bool,
+async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answer: Any, multimodal: bool,
                  release: Any) -> web.StreamResponse:
     """``_answer`` after the request's grammars are compiled: to the cloud, through a VLM's image work,
     or straight to the batcher; then streamed, collected or submitted as a task. ``n`` choices are
@@ -342,7 +349,7 @@ async def _route(request: web.Request, parsed: OpenAIRequest, loaded: Any, answe
     if parsed.stream:
         events = answer.events(firsts, streams, prepared_text)
         try:
-            return await sse(request, events)
+            return await sse(request, events, done=getattr(answer, "sse_done", True))
         finally:
             await events.aclose()  # no read of a stream left in flight (several choices read concurrently)
             await _close(streams)  # a client gone mid-stream: its sequences are cancelled now, not at GC

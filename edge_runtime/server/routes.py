@@ -20,6 +20,7 @@ from edge_runtime.protocol.codec import EncodedResponse, parse_json, wire_dataty
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.generate_routes import GENERATE_ROUTES
 from edge_runtime.server.openai_routes import OPENAI_ROUTES
+from edge_runtime.server.responses_routes import RESPONSES_ROUTES
 from edge_runtime.server.tokenize_routes import TOKENIZE_ROUTES
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
 from edge_runtime.serving.layout import check_model_name, is_decimal, parse_version
@@ -383,7 +384,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v2/systemsharedmemory/unregister", shm_unregister, "Unregister every region",
           tag="shared memory"),
     # text generation: generate_routes, openai_routes, tokenize_routes
-    *(Route(*row) for row in GENERATE_ROUTES + OPENAI_ROUTES + TOKENIZE_ROUTES),
+    *(Route(*row) for row in GENERATE_ROUTES + OPENAI_ROUTES + RESPONSES_ROUTES + TOKENIZE_ROUTES),
     Route("GET", "/metrics", metrics, "Prometheus metrics", "PrometheusText", tag="operations"),
     Route("GET", "/openapi.json", openapi, "This OpenAPI 3 document", "OpenAPI", tag="operations"),
 )

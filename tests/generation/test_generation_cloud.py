@@ -187,3 +187,16 @@ def test_a_thinking_peers_reasoning_passes_through(edge: LiveServer) -> None:
             reasoning.append((choice.delta.model_extra or {}).get("reasoning") or "")
             content.append(choice.delta.content or "")
     assert ("".join(reasoning), "".join(content)) == (thought, answer)
+
+
+def test_a_responses_request_goes_to_the_cloud_as_chat(edge: LiveServer) -> None:
+    """The Responses API runs through the chat path, so a [cloud] model forwards it as a chat request; the
+    peer's answer (same weights) equals the local model's."""
+    client = _client(edge)
+    local = client.responses.create(model="local", input=LONG[0]["content"], max_output_tokens=12, temperature=0)
+    remote = client.responses.create(model="always", input=LONG[0]["content"], max_output_tokens=12, temperature=0)
+    assert remote.output_text == local.output_text and remote.status == local.status
+    streamed = list(client.responses.create(model="always", input=LONG[0]["content"], max_output_tokens=12,
+                                            temperature=0, stream=True))
+    assert "".join(e.delta for e in streamed if e.type == "response.output_text.delta") == local.output_text
+    assert streamed[-1].type == f"response.{local.status}"

@@ -1,0 +1,268 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, answered through the chat path.
+
+The request becomes its chat-completions equivalent (``generation.responses_params``) and runs
+exactly as a chat request does (templates, images, tools, constraints, reasoning, the cloud); this
+module writes the answer as a Response object — output items: a ``reasoning`` item (with the
+model's reasoning parser on), a ``message`` with one ``output_text`` part, ``function_call``
+items — or, streamed, as the API's typed events: ``response.created``, ``response.in_progress``,
+each item's ``output_item.added`` / deltas / ``output_item.done``, then ``response.completed`` (or
+``response.incomplete`` when ``max_output_tokens`` cut the answer), numbered by
+``sequence_number``, with no ``[DONE]``. Nothing is stored: ``store`` is answered false.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from edge_runtime.errors import EdgeRuntimeError
+from edge_runtime.generation import reasoning, tool_parsers
+from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat
+from edge_runtime.generation.responses_params import chat_body
+from edge_runtime.generation.tool_stream import ToolStream
+from edge_runtime.server.generation_http import json_object
+from edge_runtime.server.openai_routes import answer_with, openai_error
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponsesAnswer:
+    """Builds the Response documents of one request (``openai_routes`` runs it; one choice)."""
+
+    sse_done = False  # the Responses stream ends with its terminal event, no [DONE]
+
+    def __init__(self, parsed: OpenAIRequest, loaded: Any, body: Any) -> None:
+        self.parsed = parsed
+        self.model = loaded.model
+        self.name = loaded.name
+        self.body = body
+        self.chat = True
+        self.id = _id("resp")
+        self.created = int(time.time())
+        self.tool_parser = getattr(self.model, "tool_parser", "json") if parsed.structured.parses_tools else None
+        self.thinks = bool(getattr(self.model, "reasoning_parser", ""))
+
+    def response(self, status: str, output: list[dict[str, Any]], last: Any = None,
+                 thought: str | None = None) -> dict[str, Any]:
+        """The Response object; ``last``: the answer's last chunk (its usage and finish reason)."""
+        body, params = self.body, self.parsed.params
+        usage = incomplete = None
+        if last is not None:
+            cut = last.finish_reason == "length"
+            status = "incomplete" if cut else status
+            incomplete = {"reason": "max_output_tokens"} if cut else None
+            usage = self._usage(last.usage, thought)
+        return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+                "background": False, "error": None, "incomplete_details": incomplete,
+                "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+                "model": self.name, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+                "temperature": params.temperature, "text": body.get("text") or {"format": {"type": "text"}},
+                "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+                "top_p": params.top_p, "truncation": body.get("truncation") or "disabled", "usage": usage,
+                "metadata": body.get("metadata") or {}}
+
+    def _usage(self, usage: Any, thought: str | None) -> dict[str, Any] | None:
+        if usage is None:
+            return None
+        # the reasoning's tokens, counted by encoding its text (a token that straddles </think> counts once)
+        thinking = len(self.model.tokenizer.tokenizer.encode(thought, add_special_tokens=False).ids) if thought else 0
+        return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+                "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": thinking},
+                "total_tokens": usage.total_tokens}
+
+    def whole(self, prompt_text: str, choices: list[list[Any]]) -> dict[str, Any]:
+        chunks = choices[0]
+        text = "".join(c.text for c in chunks)
+        thought: str | None = "".join(c.reasoning for c in chunks) or None  # a cloud peer's own
+        content: str | None = text
+        if thought is None and self.thinks:
+            thought, content = reasoning.split(text, reasoning.opens_in_prompt(prompt_text))
+        calls: list[Any] = []
+        remote = [d for c in chunks for d in c.tool_calls]
+        if remote:
+            calls = [tool_parsers.ToolCall(c["function"]["name"], c["function"]["arguments"], c.get("id", ""))
+                     for c in tool_parsers.assemble(remote)]
+        elif self.tool_parser is not None and content is not None:
+            content, calls = tool_parsers.parse(self.tool_parser, content)
+        output = []
+        if thought and self.parsed.include_reasoning:  # an empty block makes no item (nor does it streamed)
+            output.append(_reasoning_item(_id("rs"), thought, "completed"))
+        if content:
+            output.append(_message_item(_id("msg"), content, "completed"))
+        output += [_call_item(_id("fc"), call.id or tool_parsers.new_call_id(), call.name, call.arguments, "completed")
+                   for call in calls]
+        return self.response("completed", output, chunks[-1], thought)
+
+    async def events(self, firsts: list[Any], streams: list[AsyncIterator[Any]],
+                     prompt_text: str) -> AsyncIterator[dict[str, Any]]:
+        items = _ItemStream(self)
+        yield items.event("response.created", response=self.response("in_progress", []))
+        yield items.event("response.in_progress", response=self.response("in_progress", []))
+        thinking = reasoning.ReasoningStream(reasoning.opens_in_prompt(prompt_text)) if self.thinks else None
+        tools = ToolStream(self.tool_parser) if self.tool_parser is not None else None
+        chunk, rest = firsts[0], streams[0]
+        thoughts = []  # all of the reasoning, sent or not (include_reasoning), for its token count
+        while chunk is not None:
+            last = chunk
+            text, finished, thought = chunk.text, chunk.finish_reason is not None, chunk.reasoning
+            if thinking is not None and not thought:
+                parts = thinking.feed(text) + (thinking.finish() if finished else [])
+                thought = "".join(piece for kind, piece in parts if kind == "reasoning")
+                text = "".join(piece for kind, piece in parts if kind == "content")
+            thoughts.append(thought)
+            if thought and self.parsed.include_reasoning:
+                for event in items.reasoning(thought):
+                    yield event
+            for delta in chunk.tool_calls:  # a cloud peer's calls, as it streamed them
+                for event in items.remote_call(delta):
+                    yield event
+            pieces = (tools.feed(text) + (tools.finish() if finished else [])) if tools is not None \
+                else ([("content", text)] if text else [])
+            for piece in pieces:
+                for event in items.piece(piece):
+                    yield event
+            chunk = await anext(rest, None)
+        for event in items.close():
+            yield event
+        terminal = self.response("completed", items.done, last, "".join(thoughts) or None)
+        yield items.event(f"response.{terminal['status']}", response=terminal)
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status == "completed" else []}
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+class _ItemStream:
+    """The stream's output items: one open at a time (reasoning, a message, or a function call), closed
+    with its done events when the answer moves on to another."""
+
+    def __init__(self, answer: ResponsesAnswer) -> None:
+        self.sequence = 0
+        self.done: list[dict[str, Any]] = []  # completed items, in output order
+        self.open: dict[str, Any] | None = None  # the open item (its kind, id, text so far, call fields)
+        self.calls: dict[Any, str] = {}  # a call's index in the model's answer (or the peer's) -> its item id
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def _index(self) -> int:
+        return len(self.done)
+
+    def _opening(self, kind: str, **fields: Any) -> list[dict[str, Any]]:
+        events = self.close()
+        item_id = _id({"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind])
+        self.open = {"kind": kind, "id": item_id, "text": "", **fields}
+        if kind == "message":
+            item = _message_item(item_id, "", "in_progress")
+        elif kind == "reasoning":
+            item = _reasoning_item(item_id, "", "in_progress")
+        else:
+            item = _call_item(item_id, fields["call_id"], fields["name"], "", "in_progress")
+        events.append(self.event("response.output_item.added", output_index=self._index(), item=item))
+        if kind == "message":
+            events.append(self.event("response.content_part.added", item_id=item_id, output_index=self._index(),
+                                     content_index=0, part=_text_part("")))
+        return events
+
+    def reasoning(self, piece: str) -> list[dict[str, Any]]:
+        events = [] if self.open is not None and self.open["kind"] == "reasoning" else self._opening("reasoning")
+        self.open["text"] += piece
+        events.append(self.event("response.reasoning_text.delta", item_id=self.open["id"], output_index=self._index(),
+                                 content_index=0, delta=piece))
+        return events
+
+    def piece(self, piece: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """One ``ToolStream`` event: content, a call's opening, or a piece of its arguments."""
+        if piece[0] == "content":
+            events = [] if self.open is not None and self.open["kind"] == "message" else self._opening("message")
+            self.open["text"] += piece[1]
+            events.append(self.event("response.output_text.delta", item_id=self.open["id"],
+                                     output_index=self._index(), content_index=0, delta=piece[1], logprobs=[]))
+            return events
+        if piece[0] == "call":
+            events = self._opening("function_call", call_id=piece[2], name=piece[3])
+            self.calls[piece[1]] = self.open["id"]
+            return events
+        return self._arguments(piece[2])
+
+    def _arguments(self, piece: str) -> list[dict[str, Any]]:
+        assert self.open is not None and self.open["kind"] == "function_call"
+        self.open["text"] += piece
+        return [self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                           output_index=self._index(), delta=piece)]
+
+    def remote_call(self, delta: Any) -> list[dict[str, Any]]:
+        """A cloud peer's chat tool-call delta: a call opens with its id and name, then arguments follow."""
+        function = delta.get("function") or {}
+        events = []
+        if ("peer", delta.get("index", 0)) not in self.calls:
+            events = self._opening("function_call", call_id=delta.get("id") or tool_parsers.new_call_id(),
+                                   name=function.get("name") or "")
+            self.calls[("peer", delta.get("index", 0))] = self.open["id"]
+        if function.get("arguments"):
+            events += self._arguments(function["arguments"])
+        return events
+
+    def close(self) -> list[dict[str, Any]]:
+        """The open item's done events; the item joins the completed output."""
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index, text = self._index(), item["text"]
+        if item["kind"] == "message":
+            whole = _message_item(item["id"], text, "completed")
+            events = [self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                                 text=text, logprobs=[]),
+                      self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                 content_index=0, part=_text_part(text))]
+        elif item["kind"] == "reasoning":
+            whole = _reasoning_item(item["id"], text, "completed")
+            events = [self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                 content_index=0, text=text)]
+        else:
+            whole = _call_item(item["id"], item["call_id"], item["name"], text, "completed")
+            events = [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                 name=item["name"], arguments=text)]
+        events.append(self.event("response.output_item.done", output_index=index, item=whole))
+        self.done.append(whole)
+        return events
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    try:
+        body = await json_object(request)
+        parsed = parse_chat(chat_body(body))
+        return await answer_with(request, parsed, lambda p, loaded: ResponsesAnswer(p, loaded, body))
+    except EdgeRuntimeError as exc:
+        return openai_error(exc, request)
+
+
+# (method, path, handler, summary, ok schema, body schema, tag): rows of routes.ROUTES
+RESPONSES_ROUTES = (
+    ("POST", "/v1/responses", responses,
+     "OpenAI Responses API (input items, function tools; typed SSE events with stream: true); nothing stored",
+     None, None, "openai"),
+)

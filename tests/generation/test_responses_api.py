@@ -1,0 +1,220 @@
+"""OpenAI's Responses API (``POST /v1/responses``) with the real ``openai`` client: ``responses.create``,
+streamed, and the SDK's own ``responses.stream`` helper, whose accumulator checks the event protocol
+(items opened before their deltas, identities kept, a terminal event).
+
+Oracle: the same request through ``/v1/chat/completions`` (greedy, the same weights), which the
+chat tests hold to the embedded API and transformers; a Responses answer must be the same text,
+calls and token counts.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import jsonschema
+import numpy as np
+import pytest
+
+from generation_fixtures import LiveServer, openai_client, served_repository
+
+SYSTEM = "You are a phone agent."
+ASK = "open the settings menu then tap ok"
+TAP = {"type": "function", "name": "tap", "description": "tap the screen", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 1080},
+                                     "y": {"type": "integer", "minimum": 0, "maximum": 2400}},
+    "required": ["x", "y"], "additionalProperties": False}}
+CHAT_TAP = {"type": "function", "function": {k: v for k, v in TAP.items() if k != "type"}}
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    "<tool_call><|im_end|>\n{%- endif %}{%- for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] %}{{ message['content'] }}{%- endif %}"
+    "{%- for call in message.get('tool_calls') or [] %}<tool_call>{{ call['function'] | tojson }}</tool_call>"
+    "{%- endfor %}<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- endif %}")
+
+
+def _png_url(seed: int) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(seed).integers(0, 256, (84, 112, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, qwen_folder: Path) -> Iterator[LiveServer]:
+    from hf_decoders import optimum_folder
+
+    from edge_runtime.vlm_zoo import write_vlm_folder
+    from generation_fixtures import SPECS, models_root
+
+    root = tmp_path_factory.mktemp("responses-repository")
+    shutil.copytree(qwen_folder, root / "chat" / "1")
+    long_context = optimum_folder(replace(SPECS["qwen2"], max_positions=1024), models_root())
+    shutil.copytree(long_context, root / "hermes" / "1")
+    (root / "hermes" / "1" / "chat_template.jinja").write_text(HERMES_TEMPLATE)
+    shutil.copytree(qwen_folder, root / "thinker" / "1")
+    (root / "thinker" / "config.toml").write_text('[generation]\nreasoning_parser = "qwen3"\n'
+                                                  'structured_in_reasoning = true\n')
+    write_vlm_folder(root / "agent" / "1", "qwen2_vl", seed=1)
+    (root / "agent" / "config.toml").write_text('[vision]\nplan = "cpu"\n')
+    with served_repository(root, tmp_path_factory.mktemp("cache")) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> Any:
+    return openai_client(server)
+
+
+def _chat(client: Any, model: str, messages: list[dict[str, Any]], **fields: Any) -> Any:
+    fields.setdefault("max_tokens", 16)
+    return client.chat.completions.create(model=model, messages=messages, temperature=0, **fields)
+
+
+def test_text_equals_the_chat_answer(client: Any) -> None:
+    chat = _chat(client, "chat", [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}])
+    response = client.responses.create(model="chat", instructions=SYSTEM, input=ASK, max_output_tokens=16,
+                                       temperature=0)
+    status = "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    assert response.status == status and response.object == "response" and response.id.startswith("resp_")
+    assert response.output_text == chat.choices[0].message.content
+    assert [item.type for item in response.output] == ["message"]
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (chat.usage.prompt_tokens,
+                                                                         chat.usage.completion_tokens)
+    parts = client.responses.create(model="chat", max_output_tokens=16, temperature=0, input=[
+        {"role": "system", "content": SYSTEM},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]}])
+    assert parts.output_text == response.output_text
+
+
+def test_streamed_events_follow_the_protocol_and_equal_the_whole(client: Any) -> None:
+    # a short free-text pattern, so the answer completes (the SDK's helper finalizes on response.completed)
+    ends = {"structured_outputs": {"regex": "[a-z ]{4,24}"}}
+    whole = client.responses.create(model="chat", input=ASK, max_output_tokens=40, temperature=0, extra_body=ends)
+    assert whole.status == "completed"
+    with client.responses.stream(model="chat", input=ASK, max_output_tokens=40, temperature=0,
+                                 extra_body=ends) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.output_text == whole.output_text and final.id == events[0].response.id
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_max_output_tokens_leaves_it_incomplete(client: Any) -> None:
+    response = client.responses.create(model="chat", input=ASK, max_output_tokens=3, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    events = list(client.responses.create(model="chat", input=ASK, max_output_tokens=3, temperature=0, stream=True,
+                                          extra_body={"ignore_eos": True}))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output[0].content[0].text \
+        == response.output_text
+
+
+def test_function_calls_equal_chat_tool_calls(client: Any) -> None:
+    messages = [{"role": "user", "content": ASK}]
+    chat = _chat(client, "hermes", messages, tools=[CHAT_TAP], tool_choice="required", max_tokens=60)
+    expected = [(c.function.name, c.function.arguments) for c in chat.choices[0].message.tool_calls]
+    response = client.responses.create(model="hermes", input=ASK, tools=[TAP], tool_choice="required",
+                                       max_output_tokens=60, temperature=0)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == expected
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), TAP["parameters"])
+        assert call.call_id.startswith("call_") and call.status == "completed"
+    with client.responses.stream(model="hermes", input=ASK, tools=[TAP], tool_choice="required",
+                                 max_output_tokens=60, temperature=0) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [(i.name, i.arguments) for i in final.output if i.type == "function_call"] == expected
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == \
+        "".join(arguments for _, arguments in expected)
+
+
+def test_a_function_call_round_trip_renders_as_chat_does(client: Any) -> None:
+    """A function_call item and its function_call_output are the assistant's tool_calls and a tool message."""
+    arguments = '{"x": 10, "y": 20}'
+    chat = _chat(client, "hermes", [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "tap", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "tapped"}], tools=[CHAT_TAP])
+    response = client.responses.create(model="hermes", tools=[TAP], max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": "call_1", "name": "tap", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "call_1", "output": "tapped"}])
+    assert response.output_text == (chat.choices[0].message.content or "")
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_text_format_json_schema(client: Any) -> None:
+    schema = {"type": "object", "properties": {"action": {"enum": ["tap", "back"]}, "x": {"type": "integer"}},
+              "required": ["action", "x"], "additionalProperties": False}
+    chat = _chat(client, "chat", [{"role": "user", "content": ASK}], max_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "act", "schema": schema, "strict": True}})
+    response = client.responses.create(model="chat", input=ASK, max_output_tokens=40, temperature=0, text={
+        "format": {"type": "json_schema", "name": "act", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(response.output_text), schema)
+    assert response.output_text == chat.choices[0].message.content
+
+
+def test_reasoning_item_before_the_message(client: Any) -> None:
+    pattern = r"<think>[a-z ]{4,14}</think>\n\n[a-z ]{3,12}"
+    extra = {"structured_outputs": {"regex": pattern}}
+    chat = _chat(client, "thinker", [{"role": "user", "content": ASK}], max_tokens=60, extra_body=extra)
+    thought = chat.choices[0].message.model_extra["reasoning_content"]
+    response = client.responses.create(model="thinker", input=ASK, max_output_tokens=60, temperature=0,
+                                       extra_body=extra)
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text == thought
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.output_tokens_details.reasoning_tokens > 0
+    with client.responses.stream(model="thinker", input=ASK, max_output_tokens=60, temperature=0,
+                                 extra_body=extra) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    assert final.output_text == response.output_text
+
+
+def test_a_screenshot_as_input_image_equals_the_chat_image(client: Any) -> None:
+    url = _png_url(3)
+    chat = _chat(client, "agent", [{"role": "user", "content": [
+        {"type": "text", "text": "What should I tap?"}, {"type": "image_url", "image_url": {"url": url}}]}])
+    response = client.responses.create(model="agent", max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What should I tap?"},
+                                     {"type": "input_image", "image_url": url, "detail": "auto"}]}])
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"tools": [{"type": "web_search"}]}, "only function tools"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+     "input[0].content[0].image_url"),
+    ({"input": []}, "'input'"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+])
+def test_what_needs_state_or_is_not_built_is_a_named_400(client: Any, fields: dict[str, Any], named: str) -> None:
+    import openai
+
+    body = {"model": "chat", "input": ASK, **fields}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(**body)
+    assert named in str(caught.value)
