@@ -33,7 +33,7 @@ from edge_runtime.errors import InvalidInputError, QueueFullError
 from edge_runtime.generation.constraints import MaskPrefetch
 from edge_runtime.generation.engine import DecoderEngine
 from edge_runtime.generation.prefix_cache import PrefixCache
-from edge_runtime.generation.sampling import SamplingParams
+from edge_runtime.generation.sampling import SamplingParams, prompt_choices
 from edge_runtime.generation.sequence import Sequence, Sink, new_token_room
 from edge_runtime.generation.settings import GenerationSettings
 
@@ -274,15 +274,23 @@ class ContinuousBatcher:
 
     def _prefill_chunk(self, sequence: Sequence) -> None:
         started = time.perf_counter()
+        scoring = sequence.params.prompt_logprobs is not None  # every prompt position's logits wanted
         if sequence.past is None and sequence.position == 0:
             sequence.prefill_started_s = started
-            matched, past = self.prefix_cache.lookup(sequence.key)
+            # a cached prefix has KV but no logits: a scored prompt is prefilled whole
+            matched, past = self.prefix_cache.lookup(sequence.key) if not scoring else (0, None)
             sequence.position, sequence.past, sequence.cached_tokens = matched, past, matched
         # Only running streams wait between chunks (a queued request waits for this prefill either way).
-        chunk = self.settings.chunk_tokens(bool(self._running), self.engine.folder.prefill_logits_vocab)
+        vocab = self.engine.folder.vocab_size if scoring else self.engine.folder.prefill_logits_vocab
+        chunk = self.settings.chunk_tokens(bool(self._running), vocab)
         end = min(len(sequence.prompt), sequence.position + chunk)
         logits, present = self.engine.prefill(sequence.prompt[sequence.position:end], sequence.past,
-                                              sequence.inputs)
+                                              sequence.inputs, every_position=scoring)
+        if scoring:  # position i's logits score the prompt token after it; the last one's, the first answer's
+            following = sequence.prompt[sequence.position + 1:end + 1]
+            sequence.prompt_choices += prompt_choices(logits[:len(following)], following,
+                                                      sequence.params.prompt_logprobs)
+            logits = logits[-1]
         self._rate("prefill", (end - sequence.position) / max(time.perf_counter() - started, 1e-9))
         self._prefill_tokens += end - sequence.position
         sequence.position, sequence.past = end, present

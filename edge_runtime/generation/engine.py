@@ -99,8 +99,9 @@ class DecoderEngine:
         return [np.zeros((1, layout.kv_heads, 0, layout.head_dim), layout.dtype) for _ in self.past_names]
 
     def prefill(self, tokens: Sequence[int], past: list[np.ndarray] | None,
-                prompt: Any = None) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Run ``tokens`` after ``past`` (None: empty); returns (logits of the last token [vocab], present).
+                prompt: Any = None, every_position: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run ``tokens`` after ``past`` (None: empty); returns (logits of the last token [vocab], present);
+        ``every_position``: the logits of every token of the chunk instead, [n, vocab] (prompt logprobs).
 
         ``prompt``: the whole prompt's precomputed inputs (an embedding engine's ``EmbeddedPrompt``),
         of which this chunk is ``[past length, past length + len(tokens))``; a text decoder takes none.
@@ -111,10 +112,12 @@ class DecoderEngine:
         feeds = self._chunk_inputs(tokens, start, prompt)
         feeds["attention_mask"] = np.ones((1, start + n), np.int64)
         if self.folder.keeps_logits:
-            feeds[LOGITS_TO_KEEP] = _LAST_ONLY
+            feeds[LOGITS_TO_KEEP] = np.array(n, np.int64) if every_position else _LAST_ONLY
         feeds.update(zip(self.past_names, past))
         outputs = self.session.run(["logits", *self.present_names], feeds)
         self.runs += 1
+        if every_position:
+            return np.asarray(outputs[0][0, -n:], np.float32), outputs[1:]
         return np.asarray(outputs[0][0, -1], np.float32), outputs[1:]
 
     def _chunk_inputs(self, tokens: Sequence[int], start: int, prompt: Any) -> dict[str, np.ndarray]:

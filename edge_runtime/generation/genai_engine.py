@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge_runtime.errors import ModelLoadError, QueueFullError
+from edge_runtime.errors import InvalidInputError, ModelLoadError, QueueFullError
 from edge_runtime.generation.batcher import BatcherStats
 from edge_runtime.generation.folder import GENAI_CONFIG, DecoderFolder, KVLayout
 from edge_runtime.generation.sampling import SamplingParams
@@ -116,6 +116,9 @@ class GenaiBatcher:
                cache_key: list[int] | None = None) -> Sequence:
         """Queue one prompt; ``inputs``: a VLM prompt's named tensors (``genai_vision``);
         ``cache_key`` is ignored (genai keeps no prefix cache of ours)."""
+        if params.prompt_logprobs is not None:
+            raise InvalidInputError("'prompt_logprobs' is not supported by models onnxruntime-genai runs (it gives "
+                                    "no logits of prompt positions)")
         room = new_token_room(len(prompt), params.max_tokens, self.max_len, self.model_context)
         sequence = Sequence(list(prompt), params, params.max_tokens or room, self.eos, self._decode, sink)
         sequence.inputs = inputs

@@ -72,6 +72,7 @@ class GenerationResult:
     tool_calls: tuple[Any, ...] = ()  # tool_parsers.ToolCall, when tools were offered and called
     content: str | None = None  # the text outside the reasoning and tool calls (``text`` when there are none)
     reasoning: str | None = None  # a chat answer's <think> part, with [generation] reasoning_parser on
+    prompt_logprobs: tuple[TokenChoice, ...] | None = None  # with prompt_logprobs: each prompt token scored
 
 
 @dataclass
@@ -79,8 +80,11 @@ class _Collected:
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     logprobs: list[TokenChoice] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenChoice, ...] | None = None
 
     def add(self, chunk: Chunk) -> None:
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = chunk.prompt_logprobs
         self.texts.append(chunk.text)
         self.ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -524,7 +528,7 @@ class GenerativeModel:
             content, calls = parse(tool_parser, content)
             reason = "tool_calls" if calls and reason == "stop" else reason
         return GenerationResult(text, reason, last.usage, tuple(collected.ids), tuple(collected.logprobs), first,
-                                elapsed, timings, tuple(calls), content, reasoning)
+                                elapsed, timings, tuple(calls), content, reasoning, collected.prompt_logprobs)
 
     def close(self) -> None:
         self.batcher.close(10.0)

@@ -108,6 +108,11 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
         if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 5):
             raise InvalidInputError(f"'logprobs' must be an integer in [0, 5] or null, got {raw!r}")
         logprobs, top = raw is not None, raw or 0
+    scored = body.get("prompt_logprobs")  # vLLM's
+    if scored is not None and body.get("stream") is True:  # vLLM's refusal, in its words
+        raise InvalidInputError("'prompt_logprobs' are not available when stream is enabled")
+    if scored is None and not chat and logprobs and body.get("echo") is True and body.get("stream") is not True:
+        scored = top  # the legacy echo: the logprobs object covers the prompt's tokens too
     seed = body.get("seed")
     return SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", OPENAI_DEFAULT_TEMPERATURE),
                           top_p=_number(body, "top_p", 1.0), seed=seed, stop=stop,
@@ -121,12 +126,12 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
                           min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
                           stop_token_ids=_token_ids(body, "stop_token_ids"),
                           include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
-                          skip_special_tokens=_bool(body, "skip_special_tokens", True))
+                          skip_special_tokens=_bool(body, "skip_special_tokens", True), prompt_logprobs=scored)
 
 
 # vLLM's request fields that change the answer and that this engine does not do: refused, never ignored
 # (field -> the value that means "off")
-UNSUPPORTED_VLLM_FIELDS = {"use_beam_search": False, "prompt_logprobs": None, "length_penalty": 1.0}
+UNSUPPORTED_VLLM_FIELDS = {"use_beam_search": False, "length_penalty": 1.0}
 
 
 def _refuse_unsupported(body: Mapping[str, Any], n: int) -> None:

@@ -64,6 +64,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # vLLM's: a matched stop string stays at the end of the text
     skip_special_tokens: bool = True  # vLLM's: False keeps special tokens' text in the answer
     guide: GrammarSpec | None = None  # what the answer must match (None: free text)
+    # vLLM's: each prompt token's logprob given the tokens before it, with this many alternatives (None: off)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
@@ -106,6 +108,10 @@ class SamplingParams:
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise InvalidInputError(f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids "
                                     f"(integers >= 0), got {self.stop_token_ids!r}"[:300])
+        if self.prompt_logprobs is not None and (isinstance(self.prompt_logprobs, bool) or not isinstance(
+                self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidInputError(f"'prompt_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, "
+                                    f"got {self.prompt_logprobs!r}")
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("'top_logprobs' needs 'logprobs': true")
         for flag in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
@@ -141,6 +147,23 @@ class TokenChoice:
     token: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()  # (token, logprob), best first
+    rank: int | None = None  # the token's place among all (1: the most likely); given for prompt tokens
+
+
+def prompt_choices(logits: np.ndarray, tokens: Any, top: int) -> list[TokenChoice]:
+    """Row ``i`` of ``logits`` [n, vocab] scored against ``tokens[i]``, the token that followed: its logprob,
+    its rank and the ``top`` most likely tokens (vLLM's prompt_logprobs entries)."""
+    rows = np.asarray(logits, np.float32)
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    choices = []
+    for row, token in zip(logprobs, tokens):
+        own = float(row[token])
+        best = np.argpartition(-row, top)[:top] if 0 < top < row.size else np.arange(row.size if top else 0)
+        best = best[np.argsort(-row[best], kind="stable")]
+        choices.append(TokenChoice(int(token), own, tuple((int(t), float(row[t])) for t in best),
+                                   1 + int((row > own).sum())))
+    return choices
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -81,6 +81,8 @@ class Chunk:
     error: BaseException | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()  # a cloud peer's tool-call deltas, passed through as sent
     reasoning: str = ""  # a cloud peer's reasoning delta, passed through as sent
+    # the prompt's tokens scored (params.prompt_logprobs), on the first chunk; the first one's logprob is None
+    prompt_logprobs: tuple[TokenChoice, ...] | None = None
 
 
 Sink = Callable[[Chunk], None]
@@ -109,6 +111,7 @@ class Sequence:
     prefill_started_s: float | None = None  # first prefill chunk began (after any queueing)
     prefill_done_s: float | None = None  # last prefill chunk ended
     guide: Any = None  # constraints.RowGuide of a constrained request: masks the logits, consumes each token
+    prompt_choices: list[Any] = field(default_factory=list)  # prompt tokens scored so far (prompt_logprobs)
 
     @property
     def key(self) -> list[int]:
@@ -182,7 +185,12 @@ class Sequence:
             text += self.stops.flush()
         logprobs = (choice,) if self.params.logprobs else ()
         self.finish_reason = reason
-        self.sink(Chunk(text, (choice.token,), logprobs, reason, self.usage() if reason else None))
+        scored = None
+        if self.params.prompt_logprobs is not None and len(self.generated) == 1:
+            # the first prompt token: nothing before it scores it (logprob None)
+            scored = (TokenChoice(self.prompt[0]), *self.prompt_choices)
+        self.sink(Chunk(text, (choice.token,), logprobs, reason, self.usage() if reason else None,
+                        prompt_logprobs=scored))
         return reason is not None
 
     def finish(self, reason: str, error: BaseException | None = None) -> None:

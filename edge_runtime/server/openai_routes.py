@@ -84,8 +84,30 @@ class _Answer:
             return {"content": [e for c in chunks for e in _logprobs_chat(self.model, c)]}
         choices = [c for chunk in chunks for c in chunk.logprobs]
         text = self.model.tokenizer.token_text
+        tops: list[Any] = [{text(t): lp for t, lp in c.top} for c in choices]
+        prompt = chunks[0].prompt_logprobs if self.parsed.echo else None
+        if prompt:  # the legacy echo: the prompt's tokens first, the first one unscored (OpenAI's null)
+            tops = [None] + [{text(t): lp for t, lp in c.top} for c in prompt[1:]] + tops
+            choices = list(prompt) + choices
         return {"tokens": [text(c.token) for c in choices], "token_logprobs": [c.logprob for c in choices],
-                "top_logprobs": [{text(t): lp for t, lp in c.top} for c in choices], "text_offset": []}
+                "top_logprobs": tops, "text_offset": []}
+
+    def prompt_logprobs(self, chunks: list[Any]) -> list[Any] | None:
+        """vLLM's ``prompt_logprobs`` of a choice: per prompt token (null for the first), the token and its
+        alternatives by id: logprob, rank, decoded text."""
+        scored = chunks[0].prompt_logprobs if chunks else None
+        if scored is None:
+            return None
+        text = self.model.tokenizer.token_text
+
+        def entry(choice: Any) -> dict[str, Any]:
+            ranked = {str(t): {"logprob": lp, "rank": i + 1, "decoded_token": text(t)}
+                      for i, (t, lp) in enumerate(choice.top)}
+            ranked[str(choice.token)] = {"logprob": choice.logprob, "rank": choice.rank,
+                                         "decoded_token": text(choice.token)}
+            return ranked
+
+        return [None] + [entry(c) for c in scored[1:]]
 
     def whole(self, prompt_text: str, choices: list[list[Any]]) -> dict[str, Any]:
         """The whole answer of ``choices`` (each choice's chunks, in choice order)."""
@@ -114,9 +136,13 @@ class _Answer:
                     reason = "tool_calls" if reason == "stop" else reason
             if thought is not None and self.parsed.include_reasoning:
                 message.update(_reasoning_fields(thought))
-            return {"index": index, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
-        return {"index": index, "text": (prompt_text if self.parsed.echo else "") + text,
-                "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
+            choice = {"index": index, "message": message, "finish_reason": reason, "logprobs": self.logprobs(chunks)}
+        else:
+            choice = {"index": index, "text": (prompt_text if self.parsed.echo else "") + text,
+                      "finish_reason": last.finish_reason, "logprobs": self.logprobs(chunks)}
+        if (self.parsed.body or {}).get("prompt_logprobs") is not None:  # asked for by name (vLLM's field)
+            choice["prompt_logprobs"] = self.prompt_logprobs(chunks)
+        return choice
 
     async def events(self, firsts: list[Any], streams: list[AsyncIterator[Any]],
                      prompt_text: str) -> AsyncIterator[dict[str, Any]]:

@@ -287,8 +287,8 @@ def test_a_long_prefill_delays_running_streams_by_one_chunk_at_most(batching_fol
     engine = model.engine
     calls: list[tuple[str, int]] = []
     prefill, decode = engine.prefill, engine.decode
-    engine.prefill = lambda tokens, past, inputs=None: (calls.append(("prefill", len(tokens))),
-                                                        prefill(tokens, past, inputs))[1]
+    engine.prefill = lambda tokens, past, inputs=None, **options: (calls.append(("prefill", len(tokens))),
+                                                                   prefill(tokens, past, inputs, **options))[1]
     engine.decode = lambda tokens: (calls.append(("decode", len(tokens))), decode(tokens))[1]
     started = threading.Event()
     params = sampling_params(max_tokens=200, ignore_eos=True, temperature=0.0)  # outlives the long prefill
@@ -315,8 +315,8 @@ def test_an_idle_batcher_prefills_in_longer_chunks_with_the_same_tokens(batching
                           prefix_cache_bytes=0)
     chunks: list[int] = []
     prefill = model.engine.prefill
-    model.engine.prefill = lambda tokens, past, inputs=None: (chunks.append(len(tokens)),
-                                                              prefill(tokens, past, inputs))[1]
+    model.engine.prefill = lambda tokens, past, inputs=None, **options: (
+        chunks.append(len(tokens)), prefill(tokens, past, inputs, **options))[1]
     prompt = model.prepare(" ".join(PROMPTS[1:4]))
     assert len(prompt.ids) > 32  # at least two idle chunks
     result = model.generate(prompt.ids, max_tokens=6)

@@ -104,8 +104,11 @@ def test_completions_echo_logprobs_and_models(client: Any) -> None:
                                          logprobs=2)
     choice = response.choices[0]
     assert choice.text.startswith("the agent")
-    assert len(choice.logprobs.token_logprobs) == response.usage.completion_tokens
-    assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    # echoed, the prompt's tokens are scored too (OpenAI's legacy completions, vLLM): the first one unscored
+    usage = response.usage
+    assert len(choice.logprobs.token_logprobs) == usage.prompt_tokens + usage.completion_tokens
+    assert choice.logprobs.token_logprobs[0] is None and all(lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
+    assert "".join(choice.logprobs.tokens) == choice.text
     assert {m.id for m in client.models.list().data} == {"busy", "chat"}  # mlp is a tensor model
 
 
@@ -224,8 +227,10 @@ def test_openai_shaped_errors(client: Any) -> None:
          "'truncate_prompt_tokens' must be an integer >= 1, or -1 for the model's context, got 0"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"truncate_prompt_tokens": 257}),
          "'truncate_prompt_tokens' (257) is more than chat's context of 256 tokens"),
-        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"prompt_logprobs": 2}),
-         "'prompt_logprobs' is not supported by this server (got 2)"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"prompt_logprobs": 21}),
+         "'prompt_logprobs' must be an integer in [0, 20] or null, got 21"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"use_beam_search": True}),
+         "'use_beam_search' is not supported by this server (got True)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"best_of": 3}),
          "'best_of' is not supported: give 'n' choices instead (got best_of 3, n 1)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"skip_special_tokens": "no"}),

@@ -261,8 +261,8 @@ def test_an_image_request_delays_running_streams_by_one_prefill_chunk_at_most(vl
     def record(kind: str, n: int) -> None:
         calls.append((kind, threading.current_thread().name, n))
 
-    engine.prefill = lambda tokens, past, inputs=None: (record("prefill", len(tokens)),
-                                                        prefill(tokens, past, inputs))[1]
+    engine.prefill = lambda tokens, past, inputs=None, **options: (record("prefill", len(tokens)),
+                                                                   prefill(tokens, past, inputs, **options))[1]
     engine.decode = lambda tokens: (record("decode", len(tokens)), decode(tokens))[1]
     model.prompter.encoder.encode = lambda feeds, n: (record("encode", n), encode(feeds, n))[1]
     started = threading.Event()
