@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from edge_runtime.errors import InvalidInputError
 from edge_runtime.generation.chat import DEFAULT_CHAT, ChatOptions
+from edge_runtime.generation.responses_params import standard_parts
 from edge_runtime.generation.sampling import SamplingParams, logit_bias_of
 from edge_runtime.generation.structured import Structured, parse_structured
 
@@ -215,6 +216,7 @@ def parse_chat(body: Mapping[str, Any]) -> OpenAIRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidInputError("'messages' must be a non-empty list of {role, content} objects")
+    messages = standard_parts(messages)  # vLLM's chat takes the Responses API's part types too
     structured = parse_structured(body, chat=True)
     stream = _bool(body, "stream")
     _refuse_unsupported(body, _choices(body))

@@ -110,32 +110,49 @@ def _text(item: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
+def standard_parts(messages: list[Any]) -> list[Any]:
+    """Chat ``messages`` with the Responses API's part types (``input_text``, ``output_text``,
+    ``input_image``), which vLLM's chat API takes as well, rewritten as chat's ``text`` and
+    ``image_url`` parts; every other part and message as it was (its checks are the chat path's)."""
+    kinds = ("input_text", "output_text", "input_image")
+    standard = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and any(isinstance(p, Mapping) and p.get("type") in kinds for p in content):
+            content = [_part(part, f"messages[{index}].content[{at}]")
+                       if isinstance(part, Mapping) and part.get("type") in kinds else part
+                       for at, part in enumerate(content)]
+            message = {**message, "content": content}
+        standard.append(message)
+    return standard
+
+
 def _content(content: Any, where: str) -> Any:
     """A message's content in chat's form: a string stays; parts become text and image_url parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidInputError(f"{where}.content must be a string or a list of content parts")
-    parts = []
-    for index, part in enumerate(content):
-        at = f"{where}.content[{index}]"
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": _text(part, "text", at)})
-        elif kind == "refusal":
-            parts.append({"type": "text", "text": _text(part, "refusal", at)})
-        elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str) or not url:
-                raise InvalidInputError(f"{at}.image_url must be a URL string (a data: URL, or one [vision] allows);"
-                                        " file_id is not supported")
-            image: dict[str, Any] = {"url": url}
-            if part.get("detail") is not None:
-                image["detail"] = part["detail"]
-            parts.append({"type": "image_url", "image_url": image})
-        else:
-            raise InvalidInputError(f"{at}.type {kind!r} is not supported (input_text, output_text, input_image)")
-    return parts
+    return [_part(part, f"{where}.content[{index}]") for index, part in enumerate(content)]
+
+
+def _part(part: Any, at: str) -> dict[str, Any]:
+    """One content part as chat's ``text`` or ``image_url`` part."""
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind in ("input_text", "output_text", "text"):
+        return {"type": "text", "text": _text(part, "text", at)}
+    if kind == "refusal":
+        return {"type": "text", "text": _text(part, "refusal", at)}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
+            raise InvalidInputError(f"{at}.image_url must be a URL string (a data: URL, or one [vision] allows);"
+                                    " file_id is not supported")
+        image: dict[str, Any] = {"url": url}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    raise InvalidInputError(f"{at}.type {kind!r} is not supported (input_text, output_text, input_image)")
 
 
 def _tool(index: int, tool: Any) -> dict[str, Any]:

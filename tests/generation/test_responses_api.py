@@ -218,3 +218,14 @@ def test_what_needs_state_or_is_not_built_is_a_named_400(client: Any, fields: di
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(**body)
     assert named in str(caught.value)
+
+
+def test_chat_takes_the_responses_part_types_as_vllm_does(client: Any) -> None:
+    """vLLM's chat API reads input_text / input_image parts too: the same answer as text / image_url."""
+    url = _png_url(5)
+    standard = _chat(client, "agent", [{"role": "user", "content": [
+        {"type": "text", "text": "What should I tap?"}, {"type": "image_url", "image_url": {"url": url}}]}])
+    responses_style = _chat(client, "agent", [{"role": "user", "content": [
+        {"type": "input_text", "text": "What should I tap?"}, {"type": "input_image", "image_url": url}]}])
+    assert responses_style.choices[0].message.content == standard.choices[0].message.content
+    assert responses_style.usage.prompt_tokens == standard.usage.prompt_tokens
