@@ -23,6 +23,8 @@ request types and are not a library.
 
 from __future__ import annotations
 
+from typing import Any
+
 OPEN = "<think>"
 CLOSE = "</think>"
 PARSERS = ("think", "qwen3", "deepseek_r1", "glm45")  # vLLM's names for the same <think> format
@@ -46,6 +48,12 @@ def split(text: str, opened: bool) -> tuple[str | None, str | None]:
     if end < 0:
         return text, None
     return text[:end], text[end + len(CLOSE):] or None
+
+
+def token_count(tokenizer: Any, text: str | None) -> int:
+    """The reasoning's tokens for ``usage`` (``reasoning_tokens``), counted by encoding its text: a token
+    that straddled ``</think>`` in the answer counts once, on this side."""
+    return len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
 
 def _held(text: str, tag: str) -> int:

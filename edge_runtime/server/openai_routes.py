@@ -72,6 +72,7 @@ class _Answer:
         self.tool_parser = getattr(self.model, "tool_parser", "json") if parsed.structured.parses_tools else None
         # the answer's <think> part is read apart (chat only, with the model's reasoning parser on)
         self.thinks = self.chat and bool(getattr(self.model, "reasoning_parser", ""))
+        self.thought_tokens = 0  # all choices' reasoning tokens, for usage (read once the answer is whole)
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -112,7 +113,13 @@ class _Answer:
     def whole(self, prompt_text: str, choices: list[list[Any]]) -> dict[str, Any]:
         """The whole answer of ``choices`` (each choice's chunks, in choice order)."""
         documents = [self._whole_choice(index, prompt_text, chunks) for index, chunks in enumerate(choices)]
-        return {**self.envelope(documents, chunk=False), "usage": _usage([chunks[-1] for chunks in choices])}
+        return {**self.envelope(documents, chunk=False), "usage": self._usage([chunks[-1] for chunks in choices])}
+
+    def _usage(self, lasts: list[Any]) -> dict[str, Any]:
+        usage = _usage(lasts)
+        if self.thinks:  # OpenAI's place for them; counted by encoding each choice's reasoning
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.thought_tokens}
+        return usage
 
     def _whole_choice(self, index: int, prompt_text: str, chunks: list[Any]) -> dict[str, Any]:
         last = chunks[-1]
@@ -122,6 +129,8 @@ class _Answer:
             content: str | None = text
             if thought is None and self.thinks:
                 thought, content = reasoning.split(text, reasoning.opens_in_prompt(prompt_text))
+            if self.thinks:
+                self.thought_tokens += reasoning.token_count(self.model.tokenizer.tokenizer, thought)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             reason = last.finish_reason
             remote = [d for c in chunks for d in c.tool_calls]
@@ -162,7 +171,7 @@ class _Answer:
         finally:
             await merged.aclose()  # its reads of the streams stop before the streams are closed
         if self.parsed.include_usage and all(last.usage is not None for last in lasts):
-            yield {**self.envelope([], True), "usage": _usage(lasts)}
+            yield {**self.envelope([], True), "usage": self._usage(lasts)}
 
     async def _choice_events(self, index: int, first: Any, rest: AsyncIterator[Any], prompt_text: str,
                              lasts: list[Any]) -> AsyncIterator[dict[str, Any]]:
@@ -174,6 +183,7 @@ class _Answer:
             yield {"index": index, "text": prompt_text, "logprobs": None, "finish_reason": None}
         tools = ToolStream(self.tool_parser) if self.chat and self.tool_parser is not None else None
         thinking = reasoning.ReasoningStream(reasoning.opens_in_prompt(prompt_text)) if self.thinks else None
+        thoughts: list[str] = []  # this choice's reasoning, sent or not, for usage
         called = False
         chunk = first
         while chunk is not None:
@@ -183,6 +193,9 @@ class _Answer:
                 parts = thinking.feed(text) + (thinking.finish() if reason is not None else [])
                 thought = "".join(piece for kind, piece in parts if kind == "reasoning")
                 text = "".join(piece for kind, piece in parts if kind == "content")
+            thoughts.append(thought)
+            if self.thinks and reason is not None:  # its last chunk: before the usage event is built
+                self.thought_tokens += reasoning.token_count(self.model.tokenizer.tokenizer, "".join(thoughts))
             thought = thought if self.parsed.include_reasoning else ""
             if tools is not None:
                 if thought:  # before the calls the same chunk may open

@@ -70,8 +70,7 @@ class ResponsesAnswer:
     def _usage(self, usage: Any, thought: str | None) -> dict[str, Any] | None:
         if usage is None:
             return None
-        # the reasoning's tokens, counted by encoding its text (a token that straddles </think> counts once)
-        thinking = len(self.model.tokenizer.tokenizer.encode(thought, add_special_tokens=False).ids) if thought else 0
+        thinking = reasoning.token_count(self.model.tokenizer.tokenizer, thought)
         return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
                 "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": thinking},
                 "total_tokens": usage.total_tokens}

@@ -158,14 +158,26 @@ def _streamed(client: Any, model: str, pattern: str, **extra: Any) -> tuple[str,
     return "".join(old), "".join(new), "".join(content), finish
 
 
-def test_reasoning_apart_from_content_whole_and_streamed(client: Any) -> None:
-    raw = _ask(client, "plain", THINK_THEN_ANSWER).choices[0].message
+def test_reasoning_apart_from_content_whole_and_streamed(client: Any, qwen_folder: Path) -> None:
+    from tokenizers import Tokenizer
+
+    plain = _ask(client, "plain", THINK_THEN_ANSWER)
+    raw = plain.choices[0].message
     assert (raw.model_extra or {}).get("reasoning_content") is None  # parser off: the answer as written
+    assert plain.usage.completion_tokens_details is None
     thought, answer = re.fullmatch(r"<think>(.*?)</think>(.*)", raw.content, re.S).groups()
 
-    message = _ask(client, "thinker", THINK_THEN_ANSWER).choices[0].message
+    whole = _ask(client, "thinker", THINK_THEN_ANSWER)
+    message = whole.choices[0].message
     assert message.model_extra["reasoning_content"] == message.model_extra["reasoning"] == thought
     assert message.content == answer
+    thinking = len(Tokenizer.from_file(str(qwen_folder / "tokenizer.json")).encode(thought,
+                                                                                 add_special_tokens=False).ids)
+    assert whole.usage.completion_tokens_details.reasoning_tokens == thinking > 0
+    events = list(client.chat.completions.create(
+        model="thinker", messages=MESSAGES, temperature=0, max_tokens=60, stream=True,
+        stream_options={"include_usage": True}, extra_body={"structured_outputs": {"regex": THINK_THEN_ANSWER}}))
+    assert events[-1].usage.completion_tokens_details.reasoning_tokens == thinking
     assert _streamed(client, "thinker", THINK_THEN_ANSWER) == (thought, thought, answer, "stop")
 
     hidden = _ask(client, "thinker", THINK_THEN_ANSWER, include_reasoning=False).choices[0].message
