@@ -386,8 +386,9 @@ def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> Non
     assert task["response"]["text_output"] == local_model(server).generate("the agent taps", max_tokens=6).text
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_disconnect_cancels_the_sequence(server: LiveServer, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("route,n", [("completions", 1), ("completions", 3), ("responses", 1)])
+def test_disconnect_cancels_the_sequence(server: LiveServer, route: str, n: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that leaves mid-stream: every choice's sequence is cancelled and leaves the batch before its
     answer's end. Judged by each sequence's finish reason, not by a token count: how many tokens a tiny
     model decodes before the server sees the socket close depends on the host (a CI run decoded 324 for
@@ -402,9 +403,11 @@ def test_disconnect_cancels_the_sequence(server: LiveServer, n: int, monkeypatch
 
     async def hang_up() -> int:
         async with aiohttp.ClientSession() as session:
-            async with session.post(base_url(server) + "/v1/completions", json={
-                    "model": "chat", "prompt": "tap", "max_tokens": 240, "ignore_eos": True, "stream": True,
-                    "temperature": 0, "n": n}) as response:
+            body = {"model": "chat", "prompt": "tap", "max_tokens": 240, "ignore_eos": True, "stream": True,
+                    "temperature": 0, "n": n} if route == "completions" else {
+                    "model": "chat", "input": "tap", "max_output_tokens": 240, "ignore_eos": True, "stream": True,
+                    "temperature": 0}  # the Responses API's stream: the same cancellation underneath
+            async with session.post(base_url(server) + f"/v1/{route}", json=body) as response:
                 await response.content.readline()  # the stream started: leave mid-way
                 return response.status
 
