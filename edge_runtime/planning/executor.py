@@ -26,6 +26,10 @@ import numpy as np
 from backends.base import Executable, TensorSpec
 from backends.errors import BackendError, EdgeRuntimeError
 from edge_runtime.planning.layout import StageSpec
+from edge_runtime.planning.pipeline import run_pipelined
+from edge_runtime.planning.runs import PlanRun, StageNote
+
+__all__ = ["CompiledStage", "FallbackKey", "PlanExecutor", "PlanRun", "StageNote"]
 
 if TYPE_CHECKING:
     import onnx
@@ -42,34 +46,6 @@ class FallbackKey:
     stage: str
     backend: str
     reason: str
-
-
-@dataclass(frozen=True)
-class StageNote:
-    """A stage that re-ran on the host during one run: the line to report, and its metric labels."""
-
-    text: str
-    backend: str
-    reason: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-@dataclass(frozen=True)
-class PlanRun:
-    """One request's outputs and, if a stage re-ran on the host, a line saying which and why;
-    ``labels`` (failed backend, reason) of the first such stage, for bounded metric labels."""
-
-    outputs: dict[str, np.ndarray]
-    fallback: str | None = None
-    labels: tuple[str, str] | None = None
-
-    @classmethod
-    def of(cls, outputs: dict[str, np.ndarray], notes: Sequence[StageNote | str]) -> "PlanRun":
-        first = next((n for n in notes if isinstance(n, StageNote)), None)
-        return cls(outputs, "; ".join(map(str, notes)) or None,
-                   (first.backend, first.reason) if first is not None else None)
 
 
 @dataclass
@@ -139,7 +115,6 @@ class PlanExecutor:
 
     def run_many(self, feeds_list: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """Outputs of several requests, stages overlapping across requests (see ``pipeline``)."""
-        from edge_runtime.planning.pipeline import run_pipelined
 
         return [r.outputs for r in run_pipelined(self, feeds_list)]
 

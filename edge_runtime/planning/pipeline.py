@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
+from edge_runtime.planning.runs import PlanRun, StageNote
+
 if TYPE_CHECKING:
-    from edge_runtime.planning.executor import PlanExecutor, PlanRun, StageNote
+    from edge_runtime.planning.executor import PlanExecutor
 
 
 @dataclass
@@ -37,8 +39,6 @@ def run_pipelined(executor: "PlanExecutor", feeds_list: Sequence[Mapping[str, np
     Raises the first failing request's error (by request order) after the
     pipeline drained; no worker thread outlives the call.
     """
-    from edge_runtime.planning.executor import PlanRun
-
     if not feeds_list:
         return []
     queues: list[queue.Queue] = [queue.Queue() for _ in range(len(executor.stages) + 1)]
