@@ -514,13 +514,10 @@ class GenerativeModel:
         if last.error is not None:
             raise last.error
         assert last.usage is not None and last.finish_reason is not None
-        text, reason = "".join(collected.texts), last.finish_reason
-        content: str | None = text
-        reasoning = None
-        if reasoning_opened is not None:
-            from edge_runtime.generation.reasoning import split
+        from edge_runtime.generation.reasoning import read_answer
 
-            reasoning, content = split(text, reasoning_opened)
+        text, reason = "".join(collected.texts), last.finish_reason
+        reasoning, content = read_answer(text, "", reasoning_opened)
         calls: list[Any] = []
         if tool_parser is not None and content is not None:
             from edge_runtime.generation.tool_parsers import parse

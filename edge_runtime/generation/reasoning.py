@@ -50,6 +50,14 @@ def split(text: str, opened: bool) -> tuple[str | None, str | None]:
     return text[:end], text[end + len(CLOSE):] or None
 
 
+def read_answer(text: str, given: str, opened: bool | None) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a whole answer as the routes send it: ``given``, a cloud peer's own reasoning,
+    is passed on with the text as content; ``opened`` None (no parser) leaves the text whole; else ``split``."""
+    if given:
+        return given, text
+    return (None, text) if opened is None else split(text, opened)
+
+
 def token_count(tokenizer: Any, text: str | None) -> int:
     """The reasoning's tokens for ``usage`` (``reasoning_tokens``), counted by encoding its text: a token
     that straddled ``</think>`` in the answer counts once, on this side."""
@@ -99,6 +107,13 @@ class ReasoningStream:
             events.append(("content", self.pending))
             self.pending = ""
         return events
+
+    def parts(self, text: str, finished: bool) -> tuple[str, str]:
+        """(reasoning, content) that ``text``, one streamed piece, completes; ``finished``: the answer's last
+        piece, so nothing is held back."""
+        events = self.feed(text) + (self.finish() if finished else [])
+        return ("".join(piece for kind, piece in events if kind == "reasoning"),
+                "".join(piece for kind, piece in events if kind == "content"))
 
     def finish(self) -> list[tuple[str, str]]:
         """The held-back text at the answer's end: a partial tag is text of the part it was in."""

@@ -125,10 +125,8 @@ class _Answer:
         last = chunks[-1]
         text = "".join(c.text for c in chunks)
         if self.chat:
-            thought: str | None = "".join(c.reasoning for c in chunks) or None  # a cloud peer's own, as sent
-            content: str | None = text
-            if thought is None and self.thinks:
-                thought, content = reasoning.split(text, reasoning.opens_in_prompt(prompt_text))
+            thought, content = reasoning.read_answer(text, "".join(c.reasoning for c in chunks),
+                                                     reasoning.opens_in_prompt(prompt_text) if self.thinks else None)
             if self.thinks:
                 self.thought_tokens += reasoning.token_count(self.model.tokenizer.tokenizer, thought)
             message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -189,10 +187,8 @@ class _Answer:
         while chunk is not None:
             lasts[index] = chunk
             text, reason, thought = chunk.text, chunk.finish_reason, chunk.reasoning
-            if thinking is not None and not thought:
-                parts = thinking.feed(text) + (thinking.finish() if reason is not None else [])
-                thought = "".join(piece for kind, piece in parts if kind == "reasoning")
-                text = "".join(piece for kind, piece in parts if kind == "content")
+            if thinking is not None and not thought:  # (a cloud peer's own reasoning passes as sent)
+                thought, text = thinking.parts(text, reason is not None)
             thoughts.append(thought)
             if self.thinks and reason is not None:  # its last chunk: before the usage event is built
                 self.thought_tokens += reasoning.token_count(self.model.tokenizer.tokenizer, "".join(thoughts))

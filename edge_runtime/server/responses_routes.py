@@ -78,10 +78,8 @@ class ResponsesAnswer:
     def whole(self, prompt_text: str, choices: list[list[Any]]) -> dict[str, Any]:
         chunks = choices[0]
         text = "".join(c.text for c in chunks)
-        thought: str | None = "".join(c.reasoning for c in chunks) or None  # a cloud peer's own
-        content: str | None = text
-        if thought is None and self.thinks:
-            thought, content = reasoning.split(text, reasoning.opens_in_prompt(prompt_text))
+        thought, content = reasoning.read_answer(text, "".join(c.reasoning for c in chunks),
+                                                 reasoning.opens_in_prompt(prompt_text) if self.thinks else None)
         calls: list[Any] = []
         remote = [d for c in chunks for d in c.tool_calls]
         if remote:
@@ -110,10 +108,8 @@ class ResponsesAnswer:
         while chunk is not None:
             last = chunk
             text, finished, thought = chunk.text, chunk.finish_reason is not None, chunk.reasoning
-            if thinking is not None and not thought:
-                parts = thinking.feed(text) + (thinking.finish() if finished else [])
-                thought = "".join(piece for kind, piece in parts if kind == "reasoning")
-                text = "".join(piece for kind, piece in parts if kind == "content")
+            if thinking is not None and not thought:  # (a cloud peer's own reasoning passes as sent)
+                thought, text = thinking.parts(text, finished)
             thoughts.append(thought)
             if thought and self.parsed.include_reasoning:
                 for event in items.reasoning(thought):
@@ -160,7 +156,7 @@ class _ItemStream:
         self.sequence = 0
         self.done: list[dict[str, Any]] = []  # completed items, in output order
         self.open: dict[str, Any] | None = None  # the open item (its kind, id, text so far, call fields)
-        self.calls: dict[Any, str] = {}  # a call's index in the model's answer (or the peer's) -> its item id
+        self.peer_calls: set[Any] = set()  # the indexes of a cloud peer's calls opened so far
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -202,9 +198,7 @@ class _ItemStream:
                                      output_index=self._index(), content_index=0, delta=piece[1], logprobs=[]))
             return events
         if piece[0] == "call":
-            events = self._opening("function_call", call_id=piece[2], name=piece[3])
-            self.calls[piece[1]] = self.open["id"]
-            return events
+            return self._opening("function_call", call_id=piece[2], name=piece[3])
         return self._arguments(piece[2])
 
     def _arguments(self, piece: str) -> list[dict[str, Any]]:
@@ -217,10 +211,10 @@ class _ItemStream:
         """A cloud peer's chat tool-call delta: a call opens with its id and name, then arguments follow."""
         function = delta.get("function") or {}
         events = []
-        if ("peer", delta.get("index", 0)) not in self.calls:
+        if delta.get("index", 0) not in self.peer_calls:
             events = self._opening("function_call", call_id=delta.get("id") or tool_parsers.new_call_id(),
                                    name=function.get("name") or "")
-            self.calls[("peer", delta.get("index", 0))] = self.open["id"]
+            self.peer_calls.add(delta.get("index", 0))
         if function.get("arguments"):
             events += self._arguments(function["arguments"])
         return events

@@ -129,7 +129,7 @@ def read_vlm_folder(folder: Path, settings: VisionSettings | None = None) -> VLM
         raise ModelLoadError(f"{folder}: config.json has no integer image_token_id")
     mrope = FAMILIES[family].mrope
     vision_config = config.get("vision_config") or {}
-    start_key = FAMILIES[family].start_token_key or "vision_start_token_id"
+    start_key = FAMILIES[family].start_token_key  # "" for families without M-RoPE: no start id read
     start = config.get(start_key)
     if mrope and not isinstance(start, int):
         raise ModelLoadError(f"{folder}: config.json has no integer {start_key} ({family} needs it)")
