@@ -43,11 +43,14 @@ class ChatOptions:
     ``add_generation_prompt``: the assistant turn's opening after the messages (default on).
     ``continue_final_message``: the final message left open (no end of turn) for the model to go on
     with it; like vLLM, it needs ``add_generation_prompt`` off. ``template_kwargs``: extra template
-    variables. InvalidInputError (a 400) for what cannot be honoured."""
+    variables. ``processor_kwargs``: vLLM's ``mm_processor_kwargs``, the image processor arguments of
+    a vision-language model's request (its image budget; the processor checks the keys).
+    InvalidInputError (a 400) for what cannot be honoured."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("add_generation_prompt", "continue_final_message"):
@@ -62,14 +65,18 @@ class ChatOptions:
         reserved = sorted(RESERVED_TEMPLATE_KEYS & set(self.template_kwargs))
         if reserved:
             raise InvalidInputError(f"'chat_template_kwargs' may not set {reserved}: the request's own fields do")
+        if not isinstance(self.processor_kwargs, Mapping):
+            raise InvalidInputError(f"'mm_processor_kwargs' must be an object of image processor arguments, got "
+                                    f"{self.processor_kwargs!r}"[:300])
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "ChatOptions":
         """The options of a chat completions body (absent or null fields keep their defaults)."""
         values = {key: body[key] for key in ("add_generation_prompt", "continue_final_message")
                   if body.get(key) is not None}
-        kwargs = body.get("chat_template_kwargs")
-        return cls(**values, template_kwargs=kwargs if kwargs is not None else {})
+        kwargs, processor = body.get("chat_template_kwargs"), body.get("mm_processor_kwargs")
+        return cls(**values, template_kwargs=kwargs if kwargs is not None else {},
+                   processor_kwargs=processor if processor is not None else {})
 
 
 DEFAULT_CHAT = ChatOptions()

@@ -127,6 +127,10 @@ class GenaiVisionPrompter:
 
         if len(images) > self.max_images:
             raise InvalidInputError(f"At most {self.max_images} image(s) may be provided in one prompt.")
+        budgeted = next((where for image in images for where, _ in image.overrides), None)
+        if budgeted is not None:  # genai's processor reads its own config only
+            raise InvalidInputError(f"{budgeted}: an image budget per request is not supported by onnxruntime-genai "
+                                    "folders (genai's processor config decides)")
         if add_special_tokens and IMAGE_PAD not in text:
             text = self.image_marker * len(images) + text
         placeholders = text.count(IMAGE_PAD)

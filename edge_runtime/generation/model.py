@@ -392,13 +392,13 @@ class GenerativeModel:
         VLM request: chat messages rendered by the template, or a text prompt with ``images``."""
         from edge_runtime.generation.vision.messages import image_inputs, split_images
 
-        inputs = image_inputs(images)
+        inputs = image_inputs(images, chat.processor_kwargs)
         if messages is None:
             assert isinstance(prompt, str)
             return prompt, inputs, True
         if inputs:
             raise InvalidInputError("give images as image parts of 'messages', not as 'images'")
-        shaped, inputs = split_images(messages)
+        shaped, inputs = split_images(messages, chat.processor_kwargs)
         return (self.tokenizer.render(shaped, options=chat, multimodal=True, tools=list(tools) if tools else None),
                 inputs, False)
 
@@ -571,8 +571,8 @@ def _log_quantization(name: str, path: Path) -> None:
 
 def _chat_options(params: dict[str, Any]) -> ChatOptions:
     """The ``ChatOptions`` fields taken out of ``params`` (those left are sampling parameters)."""
-    fields = {k: params.pop(k) for k in ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
-              if k in params}
+    fields = {k: params.pop(k) for k in ("chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                                         "mm_processor_kwargs") if k in params}
     return ChatOptions.from_body(fields) if fields else DEFAULT_CHAT
 
 

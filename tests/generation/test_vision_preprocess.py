@@ -440,3 +440,83 @@ def test_non_rgb_image_is_converted_first(tmp_path: Path) -> None:
     image = _image("random", 84, 56).convert("RGBA")
     expected = Qwen2VLImageProcessor(**QWEN_PRE)(images=[image], return_tensors="np")["pixel_values"]
     np.testing.assert_allclose(processor.process(image).feeds["pixel_values"], expected, rtol=0, atol=1e-5)
+
+
+# --- a request's own image budget (vLLM's mm_processor_kwargs, qwen-vl-utils' per-image keys) ------
+
+QWEN_REQUEST_CASES = [  # the model's [vision] budget, the request's arguments, what transformers is given, size
+    (VisionBudget(max_pixels=1024 * 28 * 28), {"max_pixels": 256 * 28 * 28}, {"max_pixels": 256 * 28 * 28},
+     (1080, 2400)),
+    (VisionBudget(), {"size": {"shortest_edge": 200_000, "longest_edge": 400_000}},
+     {"min_pixels": 200_000, "max_pixels": 400_000}, (1080, 2400)),
+    # min_pixels / max_pixels win over size; the model's own max_pixels stays where the request leaves it
+    (VisionBudget(max_pixels=500_000), {"min_pixels": 300_000, "size": {"shortest_edge": 10}},
+     {"min_pixels": 300_000, "max_pixels": 500_000}, (333, 777)),
+]
+
+
+@pytest.mark.parametrize("budget, kwargs, reference_kwargs, size", QWEN_REQUEST_CASES)
+def test_a_request_budget_equals_transformers_given_the_same_arguments(
+        tmp_path: Path, budget: VisionBudget, kwargs: dict, reference_kwargs: dict, size: tuple[int, int]) -> None:
+    model = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl", "vision_config": QWEN_VISION},
+                            budget)
+    processor = model.with_budget(model.request_budget(kwargs, "mm_processor_kwargs"))
+    assert processor is not model and processor.tag and processor.tag != model.tag
+    image = _image("screen", *size)
+    ours = processor.process(image)
+    reference = Qwen2VLImageProcessor(**QWEN_PRE)(images=[image], return_tensors="np", **reference_kwargs)
+    np.testing.assert_allclose(ours.feeds["pixel_values"], reference["pixel_values"], rtol=0, atol=1e-5)
+    assert ours.grid_thw == tuple(int(v) for v in reference["image_grid_thw"][0])
+    assert ours.num_tokens == processor.num_tokens(*size) != model.num_tokens(*size)
+
+
+@pytest.mark.parametrize("kwargs, reference_kwargs", [
+    ({"size": {"longest_edge": 1024}, "do_image_splitting": False},
+     {"size": {"longest_edge": 1024}, "do_image_splitting": False}),
+    ({"longest_edge": 1536}, {"size": {"longest_edge": 1536}}),  # [vision]'s own name
+])
+def test_a_smolvlm_request_budget_equals_transformers(tmp_path: Path, kwargs: dict, reference_kwargs: dict) -> None:
+    folder, config = _idefics_folder(tmp_path, "smolvlm")
+    model = image_processor(folder, config, VisionBudget())
+    processor = model.with_budget(model.request_budget(kwargs, "mm_processor_kwargs"))
+    image = _image("screen", 1080, 2400)
+    ours = processor.process(image)
+    reference = SmolVLMImageProcessor(**SMOLVLM_PRE)(images=[[image]], return_tensors="np", **reference_kwargs)
+    np.testing.assert_allclose(ours.feeds["pixel_values"], reference["pixel_values"], rtol=0, atol=1e-5)
+    assert ours.num_tokens == processor.num_tokens(1080, 2400) != model.num_tokens(1080, 2400)
+
+
+def test_a_request_budget_equal_to_the_models_is_the_models_processor(tmp_path: Path) -> None:
+    model = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget(max_pixels=50_000))
+    same = model.with_budget(model.request_budget({"max_pixels": 50_000, "min_pixels": QWEN_PRE["min_pixels"]}, "x"))
+    assert same is model and same.tag == b""  # so its images share the cache entries of requests without one
+    image = _image("screen", 108, 240)
+    smaller = model.with_budget(VisionBudget(max_pixels=20_000))
+    assert prepare_image(image, "x", ImageAccess(), model).digest == image_digest(image)
+    assert prepare_image(image, "x", ImageAccess(), smaller).digest != image_digest(image)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_pixels": 0}, r"^mm_processor_kwargs: max_pixels must be a positive integer, got 0"),
+    ({"max_pixels": "big"}, r"^mm_processor_kwargs: max_pixels must be a positive integer, got 'big'"),
+    ({"min_pixels": 9, "max_pixels": 5}, r"^mm_processor_kwargs: min_pixels \(9\) must be <= max_pixels \(5\)"),
+    ({"longest_edge": 512}, r"^mm_processor_kwargs: unknown image processor argument\(s\) \['longest_edge'\] for "
+                            r"qwen2_vl; known: \['min_pixels', 'max_pixels', 'size'\]"),
+    ({"size": {"height": 5}}, r"^mm_processor_kwargs.size must be \{'shortest_edge'"),
+    ([1], r"^mm_processor_kwargs must be an object of image processor arguments"),
+])
+def test_bad_request_budgets_are_named(tmp_path: Path, kwargs, message: str) -> None:
+    model = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
+    with pytest.raises(InvalidInputError, match=message):
+        model.request_budget(kwargs, "mm_processor_kwargs")
+    # bounds that cross only once the model's own are added
+    with pytest.raises(InvalidInputError, match=r"^messages\[1\].content\[0\]: min_pixels 13000000 > max_pixels "):
+        model.with_budget(VisionBudget(min_pixels=13_000_000), "messages[1].content[0]")
+
+
+def test_an_image_over_the_context_is_refused_before_it_is_resized(tmp_path: Path) -> None:
+    model = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
+    huge = model.with_budget(VisionBudget(min_pixels=10_000_000_000, max_pixels=10_000_000_000))
+    with pytest.raises(InvalidInputError, match=r"^x: a 20x20 image is \d+ image tokens under its image budget, "
+                                                r"more than the model's context of 4096 tokens"):
+        prepare_image(_image("random", 20, 20), "x", ImageAccess(), huge, max_tokens=4096)

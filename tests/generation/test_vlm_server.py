@@ -346,3 +346,35 @@ def test_tokenize_counts_a_screenshot_without_encoding_it(server: LiveServer) ->
     status, answer = post_json(server, "/tokenize", {"model": "agent",
                                                      "messages": _messages("data:image/png;base64,AAAA")})
     assert status == 400 and "messages[1].content[1]" in json_module.dumps(answer)
+
+
+def test_a_request_sets_its_own_image_budget_with_mm_processor_kwargs(server: LiveServer) -> None:
+    """vLLM's ``mm_processor_kwargs`` through the ``openai`` client's ``extra_body``: the answer and the
+    prompt tokens of the embedded API given the same arguments (which ``test_vlm_request_budget`` holds
+    against the model configured with that budget); fewer image tokens than the model's own budget;
+    ``/tokenize`` counts the same; a bad argument is a 400 naming it, and the model keeps answering."""
+    import openai
+
+    from generation_fixtures import post_json
+
+    client = _client(base_url(server))
+    messages = _messages(_url(_png(11, 224, 448)))
+    kwargs = {"max_pixels": 28 * 28 * 8}
+    expected = _model(server).generate(messages=messages, max_tokens=6, mm_processor_kwargs=kwargs)
+    own = _model(server).generate(messages=messages, max_tokens=6)
+    answer = client.chat.completions.create(model="agent", messages=messages, max_tokens=6, temperature=0,
+                                            extra_body={"mm_processor_kwargs": kwargs})
+    assert answer.choices[0].message.content == expected.text
+    assert answer.usage.prompt_tokens == expected.usage.prompt_tokens < own.usage.prompt_tokens
+    status, counted = post_json(server, "/tokenize", {"model": "agent", "messages": messages,
+                                                      "mm_processor_kwargs": kwargs})
+    assert status == 200 and counted["count"] == expected.usage.prompt_tokens
+    for bad, named in (({"max_pixels": -1}, "mm_processor_kwargs: max_pixels must be a positive integer"),
+                       ({"longest_edge": 9}, "mm_processor_kwargs: unknown image processor argument(s)"),
+                       ("big", "'mm_processor_kwargs' must be an object")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="agent", messages=messages, max_tokens=2,
+                                           extra_body={"mm_processor_kwargs": bad})
+        assert named in caught.value.body["message"], caught.value.body
+    again = client.chat.completions.create(model="agent", messages=messages, max_tokens=6, temperature=0)
+    assert again.choices[0].message.content == own.text

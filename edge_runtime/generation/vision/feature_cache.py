@@ -8,9 +8,10 @@ spare it once the text before the image changed (the oldest screenshot dropped
 out of the window, a system prompt edited). So what the encoder gave for an
 image — the rows spliced into the prompt — is kept with the preprocessor's
 description of it (token count, grid, prompt text), keyed by the image's
-content digest (``images.image_digest``: mode, size and pixels). A model's
-preprocessing and encoder are fixed while it is loaded, so equal pixels give
-equal rows: a hit skips preprocessing and the encoder (the digest is of the
+content digest (``images.image_digest``: mode, size and pixels; mixed with the
+budget's tag when a request chose its own image budget, ``preprocess.tagged_digest``).
+A model's preprocessing and encoder are fixed while it is loaded, so equal pixels
+under one budget give equal rows: a hit skips preprocessing and the encoder (the digest is of the
 decoded pixels, so a PNG and a lossless WebP of one screen are one entry). An
 image sent as the very same encoded data (a ``data:`` URL or bytes, what chat
 clients resend) is also found by a hash of that data (``source_key``), which
@@ -42,7 +43,7 @@ MAX_SOURCES = 4096
 class CachedImage:
     processed: ProcessedImage  # without its feeds: the encoder does not run again
     features: np.ndarray  # [tokens, hidden] float32, read-only
-    digest: bytes  # of the decoded pixels (``images.image_digest``): the prefix cache's image key
+    digest: bytes  # of the decoded pixels and budget (``preprocess.tagged_digest``): the prefix cache's image key
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,20 @@ class ImageFeatureCache:
         self._hits = self._misses = self._evicted = self._source_hits = 0
         self._lock = threading.Lock()
 
-    def source_key(self, source: object) -> bytes | None:
-        """A hash of an image input's encoded data (a ``data:`` URL string or bytes), or None for inputs
-        read from elsewhere (a path or an http URL may change behind the same name) or a PIL image."""
+    def source_key(self, source: object, tag: bytes = b"") -> bytes | None:
+        """A hash of an image input's encoded data (a ``data:`` URL string or bytes) and of the image
+        budget it is processed under (``ImageProcessor.tag``), or None for inputs read from elsewhere (a
+        path or an http URL may change behind the same name) or a PIL image."""
         if self.budget_bytes == 0:
             return None
         if isinstance(source, str) and source[:5].lower() == "data:":
-            return hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()[:16]
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            return hashlib.sha256(source).digest()[:16]
-        return None
+            source = source.encode("utf-8", "surrogatepass")
+        elif not isinstance(source, (bytes, bytearray, memoryview)):
+            return None
+        digest = hashlib.sha256(source)
+        if tag:
+            digest.update(b"|" + tag)
+        return digest.digest()[:16]
 
     def get_source(self, key: bytes | None) -> CachedImage | None:
         """The entry of the image whose encoded data hashed to ``key`` (``source_key``), or None; a

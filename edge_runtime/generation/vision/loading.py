@@ -66,7 +66,7 @@ def load_vision_parts(path: Path, settings: "GenerationSettings", vision: Vision
     encoder = VisionEncoder(vlm.vision_path, vlm.hidden_size, loader=loader, plan=vision.plan, typical=typical,
                             threads=threads)
     prompter = VisionPrompter(vlm, tokenizer, processor, encoder, embedder, vision.access, vision.max_images,
-                              ImageFeatureCache(vision.feature_cache_bytes))
+                              ImageFeatureCache(vision.feature_cache_bytes), max_tokens=engine.kv.max_len)
     return VisionParts(vlm, engine, prompter)
 
 

@@ -8,6 +8,10 @@ Accepted content parts (OpenAI's and transformers'):
 * ``{"type": "image", "image": <PIL image | bytes | path | URL>}`` (the embedded API; transformers'
   ``url`` / ``path`` keys too).
 
+An image part may carry its own ``min_pixels`` / ``max_pixels`` (qwen-vl-utils' per-image budget);
+they win over the request's ``mm_processor_kwargs`` (vLLM's), which win over the model's ``[vision]``
+budget. The model's image processor reads them (``ImageProcessor.request_budget``).
+
 The template receives what transformers' processors hand it: each content a list
 of parts, image parts as ``{"type": "image"}`` (both the Qwen2-VL and the
 Idefics3/SmolVLM templates test ``type == "image"``). String content becomes one
@@ -31,6 +35,18 @@ class ImageInput:
     source: Any
     where: str  # e.g. "messages[1].content[2].image_url", for error messages
     is_url: bool
+    # image processor arguments over the model's budget, each with where it came from, the last winning
+    overrides: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+
+PART_BUDGET_KEYS = ("min_pixels", "max_pixels")  # qwen-vl-utils' per-image keys
+
+
+def _with_overrides(image: ImageInput, part: Mapping[str, Any], where: str,
+                    request: Mapping[str, Any] | None) -> ImageInput:
+    own = {key: part[key] for key in PART_BUDGET_KEYS if part.get(key) is not None}
+    overrides = ((("mm_processor_kwargs", request),) if request else ()) + (((where, own),) if own else ())
+    return ImageInput(image.source, image.where, image.is_url, overrides) if overrides else image
 
 
 def _image_of(part: Mapping[str, Any], where: str) -> ImageInput | None:
@@ -49,8 +65,10 @@ def _image_of(part: Mapping[str, Any], where: str) -> ImageInput | None:
     return None
 
 
-def split_images(messages: Any) -> tuple[list[dict[str, Any]], list[ImageInput]]:
-    """(messages for the chat template, the image inputs in order of appearance).
+def split_images(messages: Any, processor_kwargs: Mapping[str, Any] | None = None
+                 ) -> tuple[list[dict[str, Any]], list[ImageInput]]:
+    """(messages for the chat template, the image inputs in order of appearance); ``processor_kwargs``:
+    the request's ``mm_processor_kwargs``, given to every image.
 
     Raises InvalidInputError naming the message and part for an unknown part type. Roles and
     the rest of each message are validated by the chat renderer.
@@ -73,7 +91,7 @@ def split_images(messages: Any) -> tuple[list[dict[str, Any]], list[ImageInput]]
                     raise InvalidInputError(f"{where} must be an object, got {type(part).__name__}")
                 image = _image_of(part, where)
                 if image is not None:
-                    images.append(image)
+                    images.append(_with_overrides(image, part, where, processor_kwargs))
                     parts.append({"type": "image"})
                 elif part.get("type") == "text" and isinstance(part.get("text"), str):
                     parts.append({"type": "text", "text": part["text"]})
@@ -85,10 +103,12 @@ def split_images(messages: Any) -> tuple[list[dict[str, Any]], list[ImageInput]]
     return shaped, images
 
 
-def image_inputs(images: Sequence[Any] | None) -> list[ImageInput]:
-    """The ``images=[...]`` argument of the embedded API as image inputs."""
+def image_inputs(images: Sequence[Any] | None, processor_kwargs: Mapping[str, Any] | None = None) -> list[ImageInput]:
+    """The ``images=[...]`` argument of the embedded API as image inputs (``processor_kwargs`` as in
+    ``split_images``)."""
     if images is None:
         return []
     if not isinstance(images, (list, tuple)):
         raise InvalidInputError(f"'images' must be a list of images, got {type(images).__name__}")
-    return [ImageInput(source, f"images[{i}]", False) for i, source in enumerate(images)]
+    overrides = (("mm_processor_kwargs", processor_kwargs),) if processor_kwargs else ()
+    return [ImageInput(source, f"images[{i}]", False, overrides) for i, source in enumerate(images)]

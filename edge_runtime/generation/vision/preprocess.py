@@ -13,6 +13,7 @@ Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` / ``glm4v`` (:mod:`.qwen_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -58,6 +59,11 @@ class VisionBudget:
         if self.split_image is not None and not isinstance(self.split_image, bool):
             raise ConfigError(f"[vision] split_image must be true or false, got {self.split_image!r}")
 
+    def over(self, base: "VisionBudget") -> "VisionBudget":
+        """This budget's values, ``base``'s where this one leaves a value None."""
+        return VisionBudget(*(getattr(self, f.name) if getattr(self, f.name) is not None else getattr(base, f.name)
+                              for f in dataclasses.fields(self)))
+
 
 @dataclass(frozen=True)
 class ProcessedImage:
@@ -76,10 +82,41 @@ class ProcessedImage:
 
 
 class ImageProcessor:
-    """Base of the per-family processors: ``process`` one image, ``expand`` a rendered prompt."""
+    """Base of the per-family processors: ``process`` one image, ``expand`` a rendered prompt.
+
+    A request may set its own image budget (vLLM's ``mm_processor_kwargs``, Qwen's per-image
+    ``min_pixels`` / ``max_pixels``): ``request_budget`` reads it, ``with_budget`` gives the processor
+    under it, whose ``tag`` keeps its images apart in the feature and prefix caches (the same
+    pixels under two budgets are two different sets of image tokens).
+    """
 
     family: str
     placeholder: str  # what the chat template writes for one image
+    tag: bytes = b""  # empty for the model's own budget; else names the budget a request chose
+    request_keys: tuple[str, ...] = ()  # what a request may set (``request_budget``)
+
+    def request_budget(self, kwargs: Mapping[str, Any], where: str) -> VisionBudget:
+        """A request's image processor arguments as a budget; InvalidInputError (naming ``where`` and the
+        key) for a key this family does not take or a bad value."""
+        if not isinstance(kwargs, Mapping):
+            raise InvalidInputError(f"{where} must be an object of image processor arguments, got {kwargs!r}"[:300])
+        unknown = sorted(str(key) for key in kwargs if key not in self.request_keys)
+        if unknown:
+            raise InvalidInputError(f"{where}: unknown image processor argument(s) {unknown} for {self.family}; "
+                                    f"known: {list(self.request_keys)}")
+        values = self._budget_values(kwargs, where)
+        try:
+            return VisionBudget(**values)
+        except ConfigError as exc:
+            raise InvalidInputError(f"{where}: {str(exc).removeprefix('[vision] ')}") from None
+
+    def _budget_values(self, kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def with_budget(self, budget: VisionBudget, where: str = "image") -> "ImageProcessor":
+        """This processor under ``budget`` (None fields keep this one's values); ``self`` when nothing
+        changes, so equal budgets share cache entries. InvalidInputError when the bounds cross."""
+        raise NotImplementedError
 
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
         """Feeds and prompt text for one RGB image; InvalidInputError (starting with ``where``) if unusable."""
@@ -131,23 +168,38 @@ class PreparedImage:
 
 
 def prepare_image(source: Image.Image | bytes | str | os.PathLike, where: str, access: ImageAccess,
-                  processor: ImageProcessor, cache: ImageFeatureCache | None = None) -> PreparedImage:
+                  processor: ImageProcessor, cache: ImageFeatureCache | None = None,
+                  max_tokens: int | None = None) -> PreparedImage:
     """Decode (``images.load_image``), hash and preprocess one image input, timing each part.
 
     For the engine's metrics (image decode + preprocess histogram) and prefix-cache keys. An image
-    found in ``cache`` is not preprocessed: it comes with its features.
+    found in ``cache`` is not preprocessed: it comes with its features. InvalidInputError, before any
+    resizing, for an image of more than ``max_tokens`` image tokens (the model's context).
     """
     from edge_runtime.generation.vision.images import image_digest, load_image
 
     start = time.perf_counter()
     image = load_image(source, where, access)
-    digest = image_digest(image)
+    digest = tagged_digest(image_digest(image), processor.tag)
     decoded = time.perf_counter()
     hit = cache.get(digest) if cache is not None else None
     if hit is not None:
         return PreparedImage(hit.processed, digest, decoded - start, 0.0, hit.features)
+    tokens = processor.num_tokens(*image.size) if max_tokens is not None else 0
+    if max_tokens is not None and tokens > max_tokens:
+        raise InvalidInputError(f"{where}: a {image.size[0]}x{image.size[1]} image is {tokens} image tokens under "
+                                f"its image budget, more than the model's context of {max_tokens} tokens: "
+                                "lower max_pixels (Qwen, GLM) or longest_edge (SmolVLM)")
     processed = processor.process(image, where)
     return PreparedImage(processed, digest, decoded - start, time.perf_counter() - decoded)
+
+
+def tagged_digest(digest: bytes, tag: bytes) -> bytes:
+    """An image's cache key under a processor: its pixel ``digest`` alone under the model's own budget,
+    else mixed with the budget's ``tag`` (16 bytes either way)."""
+    import hashlib
+
+    return digest if not tag else hashlib.sha256(digest + b"|" + tag).digest()[:16]
 
 
 def image_processor(folder: Path, config: Mapping[str, Any], budget: VisionBudget) -> ImageProcessor:

@@ -82,7 +82,9 @@ class VisionPrompter:
 
     def __init__(self, vlm: "VLMFolder", tokenizer: "ChatTokenizer", processor: "ImageProcessor",
                  encoder: "VisionEncoder", embedder: "TokenEmbedder", access: "ImageAccess", max_images: int,
-                 features: "ImageFeatureCache | None" = None) -> None:
+                 features: "ImageFeatureCache | None" = None, max_tokens: int | None = None) -> None:
+        """``max_tokens``: the model's context; an image of more image tokens is refused before it is
+        resized (a request's own budget can ask for any size)."""
         from edge_runtime.generation.vision.cost import ImageCost
         from edge_runtime.generation.vision.feature_cache import ImageFeatureCache
 
@@ -95,6 +97,7 @@ class VisionPrompter:
         self.embedder = embedder
         self.access = access
         self.max_images = max_images
+        self.max_tokens = max_tokens
         marker = processor.placeholder
         if vlm.mrope:  # the Qwen and GLM templates wrap each image's placeholder in start/end tokens
             end = vlm.config.get("vision_end_token_id", vlm.config.get("image_end_token_id"))
@@ -130,10 +133,12 @@ class VisionPrompter:
         if placeholders != len(images):  # checked before any image is decoded (expand checks it too)
             raise InvalidInputError(f"the prompt has {placeholders} image placeholder(s) "
                                     f"{self.processor.placeholder!r} but {len(images)} image(s) were given")
+        processors = [self.processor_for(image) for image in images]  # bad budgets refused before any decoding
         prepared, sources, fetch_s = [], [], 0.0
-        for image in images:
+        for image, processor in zip(images, processors):
             started = time.perf_counter()
-            key = self.features.source_key(image.source)  # the same data URL again: nothing to decode
+            # the same data URL again (under the same budget): nothing to decode
+            key = self.features.source_key(image.source, processor.tag)
             hit = self.features.get_source(key)
             if hit is not None:
                 fetch_s += time.perf_counter() - started
@@ -141,7 +146,8 @@ class VisionPrompter:
                 continue
             source = image_from_url(image.source, image.where, self.access) if image.is_url else image.source
             fetch_s += time.perf_counter() - started
-            prepared.append(prepare_image(source, image.where, self.access, self.processor, self.features))
+            prepared.append(prepare_image(source, image.where, self.access, processor, self.features,
+                                          self.max_tokens))
             sources.append((key, prepared[-1]))
         expanded = self.processor.expand(text, [p.processed for p in prepared])
         ids = self.tokenizer.tokenizer.encode(expanded, add_special_tokens=add_special_tokens).ids
@@ -194,7 +200,11 @@ class VisionPrompter:
         new_images = new_tokens = 0
         image_texts = []
         for image in images:
-            hit = self.features.peek_source(self.features.source_key(image.source))
+            try:
+                processor = self.processor_for(image)
+            except InvalidInputError:
+                return None
+            hit = self.features.peek_source(self.features.source_key(image.source, processor.tag))
             if hit is not None:
                 image_texts.append(hit.processed.prompt_text)
                 continue
@@ -202,8 +212,8 @@ class VisionPrompter:
             if size is None:
                 return None
             try:
-                image_texts.append(self.processor.prompt_text(*size))
-                new_images, new_tokens = new_images + 1, new_tokens + self.processor.num_tokens(*size)
+                image_texts.append(processor.prompt_text(*size))
+                new_images, new_tokens = new_images + 1, new_tokens + processor.num_tokens(*size)
             except InvalidInputError:
                 return None
         expanded = join_prompt(parts, image_texts)
@@ -224,15 +234,28 @@ class VisionPrompter:
         parts = self._split(text, len(images), add_special_tokens)
         texts = []
         for image in images:
-            hit = self.features.peek_source(self.features.source_key(image.source))
+            processor = self.processor_for(image)
+            hit = self.features.peek_source(self.features.source_key(image.source, processor.tag))
             if hit is not None:
                 texts.append(hit.processed.prompt_text)
                 continue
             decoded = (image_from_url(image.source, image.where, self.access) if image.is_url
                        else load_image(image.source, image.where, self.access))
-            texts.append(self.processor.prompt_text(*decoded.size))
+            texts.append(processor.prompt_text(*decoded.size))
         special = add_special_tokens if encode_special is None else encode_special
         return self.tokenizer.tokenizer.encode(join_prompt(parts, texts), add_special_tokens=special).ids
+
+    def processor_for(self, image: "ImageInput") -> "ImageProcessor":
+        """The image processor under ``image``'s own budget (the request's ``mm_processor_kwargs``, then the
+        part's keys, over the model's); InvalidInputError names a bad argument."""
+        if not image.overrides:
+            return self.processor
+        from edge_runtime.generation.vision.preprocess import VisionBudget
+
+        budget = VisionBudget()
+        for where, kwargs in image.overrides:
+            budget = self.processor.request_budget(kwargs, where).over(budget)
+        return self.processor.with_budget(budget, image.where)
 
     def _split(self, text: str, images: int, add_special_tokens: bool) -> list[str]:
         """``text`` cut at its image placeholders (a plain prompt without any gets one marker per image in

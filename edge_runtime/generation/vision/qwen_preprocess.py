@@ -15,6 +15,7 @@ prompt text is ``<|image|>`` once per merged patch.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -76,6 +77,8 @@ class QwenImageProcessor(ImageProcessor):
 
     placeholder = "<|image_pad|>"
     default_min_pixels, default_max_pixels = DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS
+    # transformers' Qwen2VLImageProcessor arguments: size = {shortest_edge: min_pixels, longest_edge: max_pixels}
+    request_keys = ("min_pixels", "max_pixels", "size")
 
     def __init__(self, family: str, pre: Mapping[str, Any], config: Mapping[str, Any],
                  budget: VisionBudget) -> None:
@@ -103,6 +106,30 @@ class QwenImageProcessor(ImageProcessor):
         self.do_resize = bool(pre.get("do_resize", True))
         self.resample = resample_filter(pre.get("resample"), _BICUBIC, where)
         self.lut = channel_lut(pre, CLIP_MEAN, CLIP_STD, where)
+
+    def _budget_values(self, kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
+        size = kwargs.get("size")
+        if size is None:
+            size = {}
+        if not isinstance(size, Mapping) or set(size) - {"shortest_edge", "longest_edge"}:
+            raise InvalidInputError(f"{where}.size must be {{'shortest_edge': min_pixels, 'longest_edge': "
+                                    f"max_pixels}}, got {size!r}"[:300])
+        # min_pixels / max_pixels win over size, as in transformers
+        return {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge")),
+                "max_pixels": kwargs.get("max_pixels", size.get("longest_edge"))}
+
+    def with_budget(self, budget: VisionBudget, where: str = "image") -> "QwenImageProcessor":
+        low = budget.min_pixels if budget.min_pixels is not None else self.min_pixels
+        high = budget.max_pixels if budget.max_pixels is not None else self.max_pixels
+        if (low, high) == (self.min_pixels, self.max_pixels):
+            return self
+        if low > high:
+            raise InvalidInputError(f"{where}: min_pixels {low} > max_pixels {high} (the request's image budget "
+                                    "over the model's)")
+        variant = copy.copy(self)  # the same tables; only the resize bounds differ
+        variant.min_pixels, variant.max_pixels = low, high
+        variant.tag = f"pixels {low}-{high}".encode()
+        return variant
 
     @property
     def factor(self) -> int:
