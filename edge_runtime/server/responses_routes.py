@@ -7,11 +7,13 @@ model's reasoning parser on), a ``message`` with one ``output_text`` part, ``fun
 items — or, streamed, as the API's typed events: ``response.created``, ``response.in_progress``,
 each item's ``output_item.added`` / deltas / ``output_item.done``, then ``response.completed`` (or
 ``response.incomplete`` when ``max_output_tokens`` cut the answer), numbered by
-``sequence_number``, with no ``[DONE]``. Nothing is stored: ``store`` is answered false.
+``sequence_number``, with no ``[DONE]``; ``response.failed`` when the answer fails after the stream
+began. Nothing is stored: ``store`` is answered false.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -23,8 +25,11 @@ from edge_runtime.generation import reasoning, tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat
 from edge_runtime.generation.responses_params import chat_body
 from edge_runtime.generation.tool_stream import ToolStream
+from edge_runtime.server.errors import INTERNAL, mapping_of, public_message
 from edge_runtime.server.generation_http import json_object
 from edge_runtime.server.openai_routes import answer_with, openai_error
+
+log = logging.getLogger(__name__)
 
 
 def _id(prefix: str) -> str:
@@ -48,8 +53,9 @@ class ResponsesAnswer:
         self.thinks = bool(getattr(self.model, "reasoning_parser", ""))
 
     def response(self, status: str, output: list[dict[str, Any]], last: Any = None,
-                 thought: str | None = None) -> dict[str, Any]:
-        """The Response object; ``last``: the answer's last chunk (its usage and finish reason)."""
+                 thought: str | None = None, error: dict[str, str] | None = None) -> dict[str, Any]:
+        """The Response object; ``last``: the answer's last chunk (its usage and finish reason); ``error``:
+        why a ``failed`` one failed."""
         body, params = self.body, self.parsed.params
         usage = incomplete = None
         if last is not None:
@@ -58,7 +64,7 @@ class ResponsesAnswer:
             incomplete = {"reason": "max_output_tokens"} if cut else None
             usage = self._usage(last.usage, thought)
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-                "background": False, "error": None, "incomplete_details": incomplete,
+                "background": False, "error": error, "incomplete_details": incomplete,
                 "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                 "model": self.name, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
                 "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
@@ -98,9 +104,29 @@ class ResponsesAnswer:
 
     async def events(self, firsts: list[Any], streams: list[AsyncIterator[Any]],
                      prompt_text: str) -> AsyncIterator[dict[str, Any]]:
+        """The typed event stream. A failure once it began (a cloud peer failing after its first token)
+        cannot change the status any more: it ends the stream with ``response.failed`` (the Response
+        with its ``error`` and the items completed so far), as OpenAI's API does."""
         items = _ItemStream(self)
         yield items.event("response.created", response=self.response("in_progress", []))
         yield items.event("response.in_progress", response=self.response("in_progress", []))
+        answering = self._answer_events(items, firsts, streams, prompt_text)
+        try:
+            async for event in answering:
+                yield event
+        except Exception as exc:  # NOTE: a Response's own terminal event, not the chat routes' error shape
+            mapping = mapping_of(exc)
+            log.log(logging.ERROR if mapping is INTERNAL else logging.WARNING,
+                    "POST /v1/responses: the stream failed after it began: %s", exc, exc_info=mapping is INTERNAL)
+            code = "rate_limit_exceeded" if mapping.status == 429 else "server_error"
+            failed = self.response("failed", items.done + items.cut(),
+                                   error={"code": code, "message": public_message(exc)})
+            yield items.event("response.failed", response=failed)
+        finally:
+            await answering.aclose()  # a client gone: its sequence stops now, not when collected
+
+    async def _answer_events(self, items: "_ItemStream", firsts: list[Any], streams: list[AsyncIterator[Any]],
+                             prompt_text: str) -> AsyncIterator[dict[str, Any]]:
         thinking = reasoning.ReasoningStream(reasoning.opens_in_prompt(prompt_text)) if self.thinks else None
         tools = ToolStream(self.tool_parser) if self.tool_parser is not None else None
         chunk, rest = firsts[0], streams[0]
@@ -131,7 +157,7 @@ class ResponsesAnswer:
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" else []}
+            "content": [_text_part(text)] if status != "in_progress" else []}
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -140,7 +166,7 @@ def _text_part(text: str) -> dict[str, Any]:
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+            "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []}
 
 
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
@@ -218,6 +244,17 @@ class _ItemStream:
         if function.get("arguments"):
             events += self._arguments(function["arguments"])
         return events
+
+    def cut(self) -> list[dict[str, Any]]:
+        """The open item as it stands, ``incomplete`` (the answer failed in it), or nothing."""
+        item = self.open
+        if item is None:
+            return []
+        if item["kind"] == "message":
+            return [_message_item(item["id"], item["text"], "incomplete")]
+        if item["kind"] == "reasoning":
+            return [_reasoning_item(item["id"], item["text"], "incomplete")]
+        return [_call_item(item["id"], item["call_id"], item["name"], item["text"], "incomplete")]
 
     def close(self) -> list[dict[str, Any]]:
         """The open item's done events; the item joins the completed output."""

@@ -182,8 +182,14 @@ class StreamResult:
 
     @property
     def error(self) -> Any:
-        """The ``error`` of an error event (the stream failed after it began), or None."""
-        return next((e["error"] for e in self.events if isinstance(e, dict) and "error" in e), None)
+        """The ``error`` of an error event (the stream failed after it began; a Responses stream's
+        ``response.failed``), or None."""
+        for event in self.events:
+            if isinstance(event, dict) and "error" in event:
+                return event["error"]
+            if isinstance(event, dict) and event.get("type") == "response.failed":
+                return event["response"]["error"]
+        return None
 
     @property
     def text(self) -> str:
@@ -194,6 +200,8 @@ class StreamResult:
                 continue
             if "text_output" in event:
                 parts.append(event["text_output"])
+            if event.get("type") == "response.output_text.delta":
+                parts.append(event["delta"])
             for choice in event.get("choices") or []:
                 parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
         return "".join(parts)

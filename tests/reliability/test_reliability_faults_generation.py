@@ -9,8 +9,8 @@ oracle of every answer. The peer is reached through the shaping proxy (``tools/n
   streamed or not, with the local greedy answer; the cloud call is counted as failed.
 * After the first token a streamed answer cannot start over: the stream ends cleanly — the tokens
   already sent (a prefix of the local answer), one error event in the route's error shape naming
-  the cloud failure, ``[DONE]`` on the OpenAI routes, the HTTP body properly terminated, no
-  truncated chunk. A non-streamed request gets a 502 naming the failure (no byte had been sent,
+  the cloud failure (on the Responses API its ``response.failed`` event), ``[DONE]`` on the chat
+  route, the HTTP body properly terminated, no truncated chunk. A non-streamed request gets a 502 naming the failure (no byte had been sent,
   but the router does not restart a request that got tokens from the cloud).
 
 "Killed" is a real SIGKILL of the peer process. So that the kill lands mid-answer on any machine
@@ -80,13 +80,17 @@ def _cloud(url: str, **changes: Any) -> Any:
 ROUTES = {  # name -> (path, streamed)
     "chat_stream": ("/v1/chat/completions", True),
     "chat": ("/v1/chat/completions", False),
+    "responses_stream": ("/v1/responses", True),
     "generate_stream": ("/v2/models/{model}/generate_stream", True),
     "generate": ("/v2/models/{model}/generate", False),
 }
 
 
 def _request(route: str, model: str) -> tuple[str, dict[str, Any]]:
-    path, stream = ROUTES[route]
+    path, stream = ROUTES.get(route, ("/v1/responses", False))
+    if path == "/v1/responses":
+        return path, {"model": model, "input": PROMPT, "max_output_tokens": MAX_TOKENS, "temperature": 0,
+                      "stream": stream}
     if path.startswith("/v1/"):
         return path, {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
                       "temperature": 0, "stream": stream}
@@ -102,11 +106,14 @@ async def _answer(client: Any, route: str, model: str) -> tuple[int, Any]:
 async def _one(client: Any, route: str, model: str) -> tuple[int, Any]:
     path, body = _request(route, model)
     response = await client.post(path, json=body)
-    if response.status == 200 and ROUTES[route][1]:
+    if response.status == 200 and ROUTES.get(route, ("", False))[1]:
         return 200, await read_sse(response)
     document = await response.json()
     if response.status != 200:
         return response.status, document
+    if route == "responses":
+        return 200, "".join(part["text"] for item in document["output"] if item["type"] == "message"
+                            for part in item["content"])
     return 200, (document["choices"][0]["message"]["content"] if route == "chat" else document["text_output"])
 
 
@@ -195,15 +202,22 @@ async def test_a_cloud_failure_after_the_first_token_ends_the_answer_cleanly(
             status, answer = await answering
     # The premise: the local answer is longer than what passed the link before it failed.
     assert len(expected) > 10, expected
-    v1 = route.startswith("chat")
+    v1, responses = route.startswith(("chat", "responses")), route.startswith("responses")
     if ROUTES[route][1]:
         assert status == 200
         assert not answer.cut and not answer.truncated and answer.after_done == 0, answer
-        assert answer.done is v1  # [DONE] ends the OpenAI stream; Triton's generate_stream has none
+        # [DONE] ends the chat stream; Triton's generate_stream and the Responses API have none
+        assert answer.done is (v1 and not responses)
         assert answer.text and expected.startswith(answer.text) and answer.text != expected, (answer.text, expected)
         message = answer.error["message"] if v1 else answer.error
         assert isinstance(message, str) and "cloud" in message, answer.events[-1]
-        if v1:
+        if responses:  # the Response's own terminal event, with what was said so far
+            last = answer.events[-1]
+            assert last["type"] == "response.failed" and answer.error["code"] == "server_error", last
+            said = [part["text"] for item in last["response"]["output"] for part in item.get("content", [])]
+            assert "".join(said) == answer.text and last["response"]["status"] == "failed", last
+            assert [e["sequence_number"] for e in answer.events] == list(range(len(answer.events)))
+        elif v1:
             assert answer.error["type"] == "server_error"
         assert answer.finish_reason is None  # never claimed to have finished
     else:
