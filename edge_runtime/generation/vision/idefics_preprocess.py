@@ -13,7 +13,6 @@ row, then ``\\n<fake_token_around_image><global-img>`` + ``<image>`` x image_seq
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -96,6 +95,7 @@ class IdeficsImageProcessor(ImageProcessor):
     placeholder = IMAGE_TOKEN
     # transformers' Idefics3ImageProcessor arguments, and [vision]'s names for the same two settings
     request_keys = ("size", "do_image_splitting", "longest_edge", "split_image")
+    budget_attributes = {"longest_edge": "longest_edge", "split_image": "split"}
 
     def __init__(self, family: str, pre: Mapping[str, Any], config: Mapping[str, Any],
                  budget: VisionBudget, processor_config: Mapping[str, Any] | None = None) -> None:
@@ -117,16 +117,6 @@ class IdeficsImageProcessor(ImageProcessor):
             raise InvalidInputError(f"{where}.size must be {{'longest_edge': int}}, got {size!r}"[:300])
         return {"longest_edge": kwargs.get("longest_edge", size["longest_edge"] if size else None),
                 "split_image": kwargs.get("split_image", kwargs.get("do_image_splitting"))}
-
-    def with_budget(self, budget: VisionBudget, where: str = "image") -> "IdeficsImageProcessor":
-        edge = budget.longest_edge if budget.longest_edge is not None else self.longest_edge
-        split = budget.split_image if budget.split_image is not None else self.split
-        if (edge, split) == (self.longest_edge, self.split):
-            return self
-        variant = copy.copy(self)  # the same tables; only the resize target and tiling differ
-        variant.longest_edge, variant.split = edge, split
-        variant.tag = f"edge {edge} split {split}".encode()
-        return variant
 
     def layout(self, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int] | None, int, int]:
         """(first-resize (w, h), tiled (w, h) or None, rows, cols) for an image of this size."""

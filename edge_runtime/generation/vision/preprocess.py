@@ -13,6 +13,7 @@ Families: ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` / ``glm4v`` (:mod:`.qwen_
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -113,10 +114,25 @@ class ImageProcessor:
     def _budget_values(self, kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise NotImplementedError
 
+    # which attribute of the processor each budget field sets (the family's own)
+    budget_attributes: Mapping[str, str] = {}
+
     def with_budget(self, budget: VisionBudget, where: str = "image") -> "ImageProcessor":
         """This processor under ``budget`` (None fields keep this one's values); ``self`` when nothing
         changes, so equal budgets share cache entries. InvalidInputError when the bounds cross."""
-        raise NotImplementedError
+        values = {attribute: getattr(budget, key) if getattr(budget, key) is not None else getattr(self, attribute)
+                  for key, attribute in self.budget_attributes.items()}
+        if all(getattr(self, attribute) == value for attribute, value in values.items()):
+            return self
+        self._check_budget(values, where)
+        variant = copy.copy(self)  # the same tables; only the budget's settings differ
+        for attribute, value in values.items():
+            setattr(variant, attribute, value)
+        variant.tag = " ".join(f"{attribute}={value}" for attribute, value in values.items()).encode()
+        return variant
+
+    def _check_budget(self, values: Mapping[str, Any], where: str) -> None:
+        """InvalidInputError when a request's budget over the model's cannot be used."""
 
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
         """Feeds and prompt text for one RGB image; InvalidInputError (starting with ``where``) if unusable."""

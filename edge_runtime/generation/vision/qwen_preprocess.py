@@ -15,7 +15,6 @@ prompt text is ``<|image|>`` once per merged patch.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -79,6 +78,7 @@ class QwenImageProcessor(ImageProcessor):
     default_min_pixels, default_max_pixels = DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS
     # transformers' Qwen2VLImageProcessor arguments: size = {shortest_edge: min_pixels, longest_edge: max_pixels}
     request_keys = ("min_pixels", "max_pixels", "size")
+    budget_attributes = {"min_pixels": "min_pixels", "max_pixels": "max_pixels"}
 
     def __init__(self, family: str, pre: Mapping[str, Any], config: Mapping[str, Any],
                  budget: VisionBudget) -> None:
@@ -118,18 +118,10 @@ class QwenImageProcessor(ImageProcessor):
         return {"min_pixels": kwargs.get("min_pixels", size.get("shortest_edge")),
                 "max_pixels": kwargs.get("max_pixels", size.get("longest_edge"))}
 
-    def with_budget(self, budget: VisionBudget, where: str = "image") -> "QwenImageProcessor":
-        low = budget.min_pixels if budget.min_pixels is not None else self.min_pixels
-        high = budget.max_pixels if budget.max_pixels is not None else self.max_pixels
-        if (low, high) == (self.min_pixels, self.max_pixels):
-            return self
-        if low > high:
-            raise InvalidInputError(f"{where}: min_pixels {low} > max_pixels {high} (the request's image budget "
-                                    "over the model's)")
-        variant = copy.copy(self)  # the same tables; only the resize bounds differ
-        variant.min_pixels, variant.max_pixels = low, high
-        variant.tag = f"pixels {low}-{high}".encode()
-        return variant
+    def _check_budget(self, values: Mapping[str, Any], where: str) -> None:
+        if values["min_pixels"] > values["max_pixels"]:
+            raise InvalidInputError(f"{where}: min_pixels {values['min_pixels']} > max_pixels {values['max_pixels']} "
+                                    "(the request's image budget over the model's)")
 
     @property
     def factor(self) -> int:
