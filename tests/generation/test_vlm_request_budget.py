@@ -117,6 +117,8 @@ def test_bad_request_budgets_are_400s_naming_the_argument(models) -> None:
     with pytest.raises(InvalidInputError, match=r"image tokens under its image budget, more than the model's "
                                                 r"context of \d+ tokens"):
         default.generate(messages=_messages(image), max_tokens=2, mm_processor_kwargs=huge)
+    with pytest.raises(InvalidInputError, match=r"more than the model's context"):  # counted, not written out
+        default.tokenize(messages=_messages(image), chat=_chat(huge))
     assert default.generate(messages=_messages(image), max_tokens=2).usage.completion_tokens == 2
 
 

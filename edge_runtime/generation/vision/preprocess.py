@@ -201,13 +201,21 @@ def prepare_image(source: Image.Image | bytes | str | os.PathLike, where: str, a
     hit = cache.get(digest) if cache is not None else None
     if hit is not None:
         return PreparedImage(hit.processed, digest, decoded - start, 0.0, hit.features)
-    tokens = processor.num_tokens(*image.size) if max_tokens is not None else 0
-    if max_tokens is not None and tokens > max_tokens:
-        raise InvalidInputError(f"{where}: a {image.size[0]}x{image.size[1]} image is {tokens} image tokens under "
-                                f"its image budget, more than the model's context of {max_tokens} tokens: "
-                                "lower max_pixels (Qwen, GLM) or longest_edge (SmolVLM)")
+    check_image_tokens(processor, image.size, where, max_tokens)
     processed = processor.process(image, where)
     return PreparedImage(processed, digest, decoded - start, time.perf_counter() - decoded)
+
+
+def check_image_tokens(processor: ImageProcessor, size: tuple[int, int], where: str, max_tokens: int | None) -> None:
+    """InvalidInputError when an image of ``size`` is more image tokens than ``max_tokens`` (the model's
+    context; None: no check) — before it is resized or its prompt text written."""
+    if max_tokens is None:
+        return
+    tokens = processor.num_tokens(*size)
+    if tokens > max_tokens:
+        raise InvalidInputError(f"{where}: a {size[0]}x{size[1]} image is {tokens} image tokens under its image "
+                                f"budget, more than the model's context of {max_tokens} tokens: lower max_pixels "
+                                "(Qwen, GLM) or longest_edge (SmolVLM)")
 
 
 def tagged_digest(digest: bytes, tag: bytes) -> bytes:

@@ -191,7 +191,7 @@ class VisionPrompter:
         is malformed (``build`` then names the fault)."""
         from edge_runtime.generation.prepared import PromptEstimate
         from edge_runtime.generation.vision.images import image_size
-        from edge_runtime.generation.vision.preprocess import join_prompt
+        from edge_runtime.generation.vision.preprocess import check_image_tokens, join_prompt
 
         try:
             parts = self._split(text, len(images), add_special_tokens)
@@ -212,6 +212,7 @@ class VisionPrompter:
             if size is None:
                 return None
             try:
+                check_image_tokens(processor, size, image.where, self.max_tokens)
                 image_texts.append(processor.prompt_text(*size))
                 new_images, new_tokens = new_images + 1, new_tokens + processor.num_tokens(*size)
             except InvalidInputError:
@@ -229,7 +230,7 @@ class VisionPrompter:
         its special tokens (default: ``add_special_tokens``, a plain prompt). InvalidInputError as
         ``build`` raises it."""
         from edge_runtime.generation.vision.images import image_from_url, load_image
-        from edge_runtime.generation.vision.preprocess import join_prompt
+        from edge_runtime.generation.vision.preprocess import check_image_tokens, join_prompt
 
         parts = self._split(text, len(images), add_special_tokens)
         texts = []
@@ -241,6 +242,7 @@ class VisionPrompter:
                 continue
             decoded = (image_from_url(image.source, image.where, self.access) if image.is_url
                        else load_image(image.source, image.where, self.access))
+            check_image_tokens(processor, decoded.size, image.where, self.max_tokens)
             texts.append(processor.prompt_text(*decoded.size))
         special = add_special_tokens if encode_special is None else encode_special
         return self.tokenizer.tokenizer.encode(join_prompt(parts, texts), add_special_tokens=special).ids
