@@ -512,11 +512,27 @@ def test_bad_request_budgets_are_named(tmp_path: Path, kwargs, message: str) -> 
     # bounds that cross only once the model's own are added
     with pytest.raises(InvalidInputError, match=r"^messages\[1\].content\[0\]: min_pixels 13000000 > max_pixels "):
         model.with_budget(VisionBudget(min_pixels=13_000_000), "messages[1].content[0]")
+    # the model's budget is the ceiling of a request's
+    capped = model.with_budget(VisionBudget(max_pixels=100_000))
+    with pytest.raises(InvalidInputError, match=r"^x: max_pixels 200000 is over this model's image budget of 100000 "
+                                                r"pixels \(its \[vision\] max_pixels caps a request's\)"):
+        capped.with_budget(VisionBudget(max_pixels=200_000), "x")
+    assert capped.with_budget(VisionBudget(min_pixels=100_000), "x").num_tokens(20, 20) > capped.num_tokens(20, 20)
+
+
+def test_a_smolvlm_request_stays_within_the_models_budget(tmp_path: Path) -> None:
+    folder, config = _idefics_folder(tmp_path, "smolvlm")
+    model = image_processor(folder, config, VisionBudget(longest_edge=1024, split_image=False))
+    with pytest.raises(InvalidInputError, match=r"^x: longest_edge 1536 is over this model's image budget of 1024"):
+        model.with_budget(model.request_budget({"size": {"longest_edge": 1536}}, "mm"), "x")
+    with pytest.raises(InvalidInputError, match=r"^x: image splitting is off in this model's image budget"):
+        model.with_budget(model.request_budget({"do_image_splitting": True}, "mm"), "x")
+    assert model.with_budget(VisionBudget(longest_edge=512), "x").num_tokens(1080, 2400) == model.image_seq_len
 
 
 def test_an_image_over_the_context_is_refused_before_it_is_resized(tmp_path: Path) -> None:
     model = image_processor(_folder(tmp_path, QWEN_PRE), {"model_type": "qwen2_vl"}, VisionBudget())
-    huge = model.with_budget(VisionBudget(min_pixels=10_000_000_000, max_pixels=10_000_000_000))
+    huge = model.with_budget(VisionBudget(min_pixels=10_000_000, max_pixels=10_000_000))
     with pytest.raises(InvalidInputError, match=r"^x: a 20x20 image is \d+ image tokens under its image budget, "
                                                 r"more than the model's context of 4096 tokens"):
         prepare_image(_image("random", 20, 20), "x", ImageAccess(), huge, max_tokens=4096)

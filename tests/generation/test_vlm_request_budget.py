@@ -34,8 +34,8 @@ def models(vlm_folder: Path):
     from edge_runtime.generation.vision.settings import VisionSettings
 
     small = "smolvlm" in str(vlm_folder)
-    budget, kwargs = ((VisionBudget(longest_edge=96, split_image=False),
-                       {"size": {"longest_edge": 96}, "do_image_splitting": False}) if small
+    budget, kwargs = ((VisionBudget(longest_edge=32, split_image=False),
+                       {"size": {"longest_edge": 32}, "do_image_splitting": False}) if small
                       else (VisionBudget(max_pixels=28 * 28 * 8), {"max_pixels": 28 * 28 * 8}))
     settings = GenerationSettings(max_seq_len=2048)
     default = GenerativeModel("agent", vlm_folder, settings, threads=1, vision=VisionSettings())
@@ -112,14 +112,42 @@ def test_bad_request_budgets_are_400s_naming_the_argument(models) -> None:
         default.generate(messages=_messages(image), max_tokens=2, mm_processor_kwargs={key: -1})
     with pytest.raises(InvalidInputError, match=r"^'mm_processor_kwargs' must be an object"):
         default.generate(messages=_messages(image), max_tokens=2, mm_processor_kwargs=[1])
-    huge = ({"min_pixels": 10**10, "max_pixels": 10**10} if "max_pixels" in kwargs
-            else {"size": {"longest_edge": 4096}, "do_image_splitting": True})
-    with pytest.raises(InvalidInputError, match=r"image tokens under its image budget, more than the model's "
-                                                r"context of \d+ tokens"):
-        default.generate(messages=_messages(image), max_tokens=2, mm_processor_kwargs=huge)
-    with pytest.raises(InvalidInputError, match=r"more than the model's context"):  # counted, not written out
-        default.tokenize(messages=_messages(image), chat=_chat(huge))
+    # the model's [vision] budget caps a request's: a shared daemon's operator keeps the steps' cost bounded
+    more = {"max_pixels": 10**8} if "max_pixels" in kwargs else {"size": {"longest_edge": 4096}}
+    with pytest.raises(InvalidInputError, match=r"^mm_processor_kwargs: \w+ \d+ is over this model's image budget"):
+        default.generate(messages=_messages(image), max_tokens=2, mm_processor_kwargs=more)
     assert default.generate(messages=_messages(image), max_tokens=2).usage.completion_tokens == 2
+
+
+@pytest.fixture(scope="module")
+def roomy_qwen(tmp_path_factory: pytest.TempPathFactory):
+    """A Qwen2-VL whose own budget allows far more image tokens than its context."""
+    from edge_runtime.generation.model import GenerativeModel
+    from edge_runtime.generation.settings import GenerationSettings
+    from edge_runtime.generation.vision.preprocess import VisionBudget
+    from edge_runtime.generation.vision.settings import VisionSettings
+    from edge_runtime.vlm_zoo import write_vlm_folder
+
+    folder = write_vlm_folder(tmp_path_factory.mktemp("roomy"), "qwen2_vl", seed=1)
+    model = GenerativeModel("agent", folder, GenerationSettings(max_seq_len=2048), threads=1,
+                            vision=VisionSettings(budget=VisionBudget(max_pixels=10**8)))
+    yield model
+    model.close()
+
+
+def test_an_image_over_the_context_is_refused_before_it_is_encoded(roomy_qwen) -> None:
+    """A request for more image tokens than the context is a 400 before any resizing or encoding, and
+    /tokenize never writes out its prompt text; the model then answers as before."""
+    huge = {"min_pixels": 10**7}
+    entries = roomy_qwen.prompter.features.stats().entries
+    with pytest.raises(InvalidInputError, match=r"^messages\[1\].content\[0\].image: a 224x448 image is \d+ image "
+                                                r"tokens under its image budget, more than the model's context of "
+                                                r"\d+ tokens"):
+        roomy_qwen.generate(messages=_messages(_screen(5)), max_tokens=2, mm_processor_kwargs=huge)
+    with pytest.raises(InvalidInputError, match=r"more than the model's context"):
+        roomy_qwen.tokenize(messages=_messages(_screen(5)), chat=_chat(huge))
+    assert roomy_qwen.prompter.features.stats().entries == entries  # nothing was encoded
+    assert roomy_qwen.generate(messages=_messages(_screen(5)), max_tokens=2).usage.completion_tokens == 2
 
 
 def _chat(kwargs):

@@ -118,6 +118,14 @@ class IdeficsImageProcessor(ImageProcessor):
         return {"longest_edge": kwargs.get("longest_edge", size["longest_edge"] if size else None),
                 "split_image": kwargs.get("split_image", kwargs.get("do_image_splitting"))}
 
+    def _check_budget(self, values: Mapping[str, Any], where: str) -> None:
+        if values["longest_edge"] > self.longest_edge:
+            raise InvalidInputError(f"{where}: longest_edge {values['longest_edge']} is over this model's image "
+                                    f"budget of {self.longest_edge} pixels (its [vision] longest_edge caps a request's)")
+        if values["split"] and not self.split:
+            raise InvalidInputError(f"{where}: image splitting is off in this model's image budget (its [vision] "
+                                    "split_image caps a request's)")
+
     def layout(self, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int] | None, int, int]:
         """(first-resize (w, h), tiled (w, h) or None, rows, cols) for an image of this size."""
         if self.do_resize:

@@ -86,9 +86,9 @@ class ImageProcessor:
     """Base of the per-family processors: ``process`` one image, ``expand`` a rendered prompt.
 
     A request may set its own image budget (vLLM's ``mm_processor_kwargs``, Qwen's per-image
-    ``min_pixels`` / ``max_pixels``): ``request_budget`` reads it, ``with_budget`` gives the processor
-    under it, whose ``tag`` keeps its images apart in the feature and prefix caches (the same
-    pixels under two budgets are two different sets of image tokens).
+    ``min_pixels`` / ``max_pixels``) within the model's: ``request_budget`` reads it, ``with_budget``
+    gives the processor under it, whose ``tag`` keeps its images apart in the feature and prefix
+    caches (the same pixels under two budgets are two different sets of image tokens).
     """
 
     family: str
@@ -132,7 +132,8 @@ class ImageProcessor:
         return variant
 
     def _check_budget(self, values: Mapping[str, Any], where: str) -> None:
-        """InvalidInputError when a request's budget over the model's cannot be used."""
+        """InvalidInputError when a request's budget over the model's cannot be used: bounds that cross, or
+        more than the model's own budget allows (the operator's budget is the ceiling of a request's)."""
 
     def process(self, image: Image.Image, where: str = "image") -> ProcessedImage:
         """Feeds and prompt text for one RGB image; InvalidInputError (starting with ``where``) if unusable."""

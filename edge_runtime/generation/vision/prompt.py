@@ -257,7 +257,7 @@ class VisionPrompter:
         budget = VisionBudget()
         for where, kwargs in image.overrides:
             budget = self.processor.request_budget(kwargs, where).over(budget)
-        return self.processor.with_budget(budget, image.where)
+        return self.processor.with_budget(budget, " / ".join(where for where, _ in image.overrides))
 
     def _split(self, text: str, images: int, add_special_tokens: bool) -> list[str]:
         """``text`` cut at its image placeholders (a plain prompt without any gets one marker per image in

@@ -122,6 +122,9 @@ class QwenImageProcessor(ImageProcessor):
         if values["min_pixels"] > values["max_pixels"]:
             raise InvalidInputError(f"{where}: min_pixels {values['min_pixels']} > max_pixels {values['max_pixels']} "
                                     "(the request's image budget over the model's)")
+        if values["max_pixels"] > self.max_pixels:
+            raise InvalidInputError(f"{where}: max_pixels {values['max_pixels']} is over this model's image budget of "
+                                    f"{self.max_pixels} pixels (its [vision] max_pixels caps a request's)")
 
     @property
     def factor(self) -> int:
