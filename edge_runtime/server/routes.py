@@ -14,9 +14,9 @@ from aiohttp import web
 
 import edge_runtime
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
-from edge_runtime.server import inference
+from edge_runtime.server import documents, inference
 from edge_runtime.protocol import jsonio
-from edge_runtime.protocol.codec import EncodedResponse, parse_json, wire_datatype, wire_shape
+from edge_runtime.protocol.codec import EncodedResponse, parse_json
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.generate_routes import GENERATE_ROUTES
 from edge_runtime.server.openai_routes import OPENAI_ROUTES
@@ -30,9 +30,6 @@ from edge_runtime.server.tasks import CANCELLED, FAILED, PENDING, Task
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-SERVER_NAME = "edge-runtime"
-EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration",
-              "schedule_policy", "parameters", "async_tasks", "system_shared_memory", "generate")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -75,7 +72,7 @@ def _target(request: web.Request) -> LoadedVersion:
 
 # -- server ---------------------------------------------------------------------------------
 async def server_metadata(request: web.Request) -> web.Response:
-    return _json({"name": SERVER_NAME, "version": edge_runtime.__version__, "extensions": list(EXTENSIONS)})
+    return _json(documents.server_metadata())
 
 
 async def health_live(request: web.Request) -> web.Response:
@@ -89,58 +86,8 @@ async def health_ready(request: web.Request) -> web.Response:
 
 
 # -- models ---------------------------------------------------------------------------------
-def _tensor_metadata(specs: list[Any]) -> list[dict[str, Any]]:
-    return [{"name": s.name, "datatype": wire_datatype(s.dtype), "shape": wire_shape(s)} for s in specs]
-
-
 async def model_metadata(request: web.Request) -> web.Response:
-    target = _target(request)
-    model = target.model
-    versions = _state(request).repository.versions_served(target.name)
-    return _json({
-        "name": target.name,
-        "versions": [str(v) for v in versions],
-        "platform": "tflite" if model.path.suffix.lower() in (".tflite", ".lite") else "onnx",
-        "inputs": _tensor_metadata(model.inputs),
-        "outputs": _tensor_metadata(model.outputs),
-        "edge_runtime": {"version": str(target.version), "backend": model.backend,
-                         "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
-                         "cloud_mode": target.dispatcher.cloud.mode,
-                         "batching": _batching(target), "auto_decision": _auto_decision(target),
-                         "spin": _spin(target)},
-    })
-
-
-def _auto_decision(target: LoadedVersion) -> dict[str, Any] | None:
-    """``auto``'s race (estimate and measurement per candidate) and the live re-check, when auto chose."""
-    decision = getattr(getattr(target.model, "report", None), "decision", None)
-    scheduler = target.scheduler
-    recheck = scheduler.recheck.snapshot() if scheduler is not None and scheduler.recheck is not None else None
-    if decision is None and recheck is None:
-        return None
-    return {**(decision.to_dict() if decision is not None else {}), "recheck": recheck}
-
-
-def _batching(target: LoadedVersion) -> dict[str, Any]:
-    scheduler = target.scheduler
-    if scheduler is None:
-        return {"enabled": False, "reason": "served by the cloud alone", "max_batch_size": 1}
-    return scheduler.batching_decision.to_dict()
-
-
-def _spin(target: LoadedVersion) -> dict[str, Any] | None:
-    """The spin policy (``scheduler/spin.py``): its mode, runs on the spinning session and its quiet
-    twin, runs on the event loop (``scheduler/inline.py``), runs on the pool and the one-thread
-    session with their measured cost (``scheduler/single_thread.py``), and the batcher's live cost
-    curve (ms per row by batch size)."""
-    scheduler = target.scheduler
-    if scheduler is None:
-        return None
-    stats = scheduler.stats()
-    return {"mode": scheduler.config.scheduler.spin, "runs": stats.get("spin_runs"),
-            "inline_runs": stats.get("inline", 0), "single_thread": stats.get("single_thread"),
-            "cost_ms_per_row": {str(rows): ms for rows, ms in (stats.get("cost_ms_per_row") or {}).items()},
-            "batch_knee": stats.get("batch_knee")}
+    return _json(documents.model_metadata(_state(request), _target(request)))
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -149,56 +96,13 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def model_config(request: web.Request) -> web.Response:
-    target = _target(request)
-    config = target.config
-    return _json({
-        "name": target.name,
-        "platform": "tflite" if target.model.path.suffix.lower() in (".tflite", ".lite") else "onnx",
-        "backend": target.model.backend,
-        "max_batch_size": config.batching.max_batch_size,
-        "input": _tensor_metadata(target.model.inputs),
-        "output": _tensor_metadata(target.model.outputs),
-        "dynamic_batching": {"preferred_batch_size": list(config.batching.preferred_batch_sizes),
-                             "max_queue_delay_microseconds": config.batching.max_queue_delay_us},
-        "queue_policy": {"max_queue_size": config.queue.max_queue_size,
-                         "default_timeout_microseconds": config.queue.default_timeout_ms * 1000},
-        "scheduler": {"policy": config.scheduler.policy, "plan": config.scheduler.plan},
-        "cloud": {"mode": target.dispatcher.cloud.mode, "remote_model": target.dispatcher.cloud.remote_model},
-        "version_policy": target.serving.version_policy if isinstance(target.serving.version_policy, str)
-        else list(target.serving.version_policy),
-    })
+    return _json(documents.model_config(_target(request)))
 
 
 async def model_stats(request: web.Request) -> web.Response:
-    state = _state(request)
-    if "model" in request.match_info:
-        target = _target(request)
-        versions = ([target] if "version" in request.match_info
-                    else [v for v in state.repository.served() if v.name == target.name])
-    else:
-        versions = state.repository.served()
-    return _json({"model_stats": [{**state.stats.triton(v.name, str(v.version)),
-                                   "memory_usage": [{"type": "CPU", "id": 0, "byte_size": v.memory_bytes}],
-                                   **_residency(state, v)}
-                                  for v in versions]})
-
-
-def _residency(state: ServerState, version: Any) -> dict[str, Any]:
-    """Our additions to a version's Triton statistics: memory charge (the model's, with its parts),
-    warm-up, result cache, and for a generative version its KV and prefix cache bytes."""
-    budget = state.repository.budget
-    charged, measured = budget.owner_bytes(version.name)
-    extras = version.extras
-    document = {
-        "memory_bytes": {"charged": charged, "measured": measured, "parts": budget.owner_parts(version.name)},
-        "warmup": extras.warmup.to_dict() if extras is not None else None,
-        "result_cache": extras.result_cache.snapshot() if extras is not None and extras.result_cache else None}
-    prefix_cache = getattr(version.model, "prefix_cache", None)  # a GenerativeModel
-    if prefix_cache is not None:
-        cache = prefix_cache.stats()
-        document["generation"] = {"kv_cache_bytes": version.model.kv_cache_bytes,
-                                  "prefix_cache_bytes": cache.bytes, "prefix_cache_budget_bytes": cache.budget_bytes}
-    return {"edge_runtime": document}
+    info = request.match_info
+    return _json(documents.model_stats(_state(request), documents.versions_of(_state(request), info.get("model"),
+                                                                               info.get("version"))))
 
 
 async def infer(request: web.Request) -> web.Response:
