@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve models over HTTP (KServe v2 / Open Inference Protocol)")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; others need a token)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
+    serve.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                       help="also serve KServe v2 gRPC on this port (Triton's is 8001; needs the grpc extra)")
     serve.add_argument("--model-repository", type=Path, default=None, metavar="DIR",
                        help="Triton-style repository: <model>/<version>/model.onnx (default: the demo model)")
     serve.add_argument("--config", type=Path, default=None, metavar="FILE.toml", help="server configuration")

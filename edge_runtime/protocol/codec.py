@@ -261,13 +261,13 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
     else:
         chosen = [(name, default_binary) for name in outputs]
     header: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
-    shared = [_to_region(o.name, np.asarray(outputs[o.name]), o.shared_memory, regions)
+    shared = [to_region(o.name, np.asarray(outputs[o.name]), o.shared_memory, regions)
               for o in request.outputs if o.shared_memory is not None]
     return _pack(header, "outputs", [(name, np.asarray(outputs[name]), binary) for name, binary in chosen],
                  request.id, parameters, shared)
 
 
-def _to_region(name: str, array: np.ndarray, where: tuple[Any, Any, Any],
+def to_region(name: str, array: np.ndarray, where: tuple[Any, Any, Any],
                regions: RegionViews | None) -> dict[str, Any]:
     """Write ``array``'s binary tensor data into its region; the response entry that says so."""
     if regions is None:

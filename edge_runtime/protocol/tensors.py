@@ -130,8 +130,10 @@ def _leaves(data: Any) -> list[Any]:
     return flat
 
 
-def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> np.ndarray:
-    """A tensor from binary tensor data; the byte count must fit the shape exactly."""
+def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview,
+               size_name: str = "binary_data_size") -> np.ndarray:
+    """A tensor from binary tensor data; the byte count must fit the shape exactly (``size_name``: what
+    the transport calls the byte count, for the error)."""
     count = math.prod(shape)
     if datatype == "BYTES":
         elements = _split_bytes(name, raw)
@@ -145,7 +147,7 @@ def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | me
     if len(raw) != count * dtype.itemsize:
         raise InvalidInputError(
             f"input {name!r}: shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
-            f"binary_data_size is {len(raw)}")
+            f"{size_name} is {len(raw)}")
     if datatype == "BOOL":
         octets = np.frombuffer(raw, dtype=np.uint8)
         if octets.size and int(octets.max()) > 1:

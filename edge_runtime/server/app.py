@@ -39,6 +39,8 @@ def create_app(config: ServerConfig, repository: ModelRepository) -> web.Applica
     app[STATE] = ServerState(config, plane, tasks, registry)
     add_routes(app)
     app.cleanup_ctx.append(_serve_models)
+    if config.grpc_port is not None:
+        app.cleanup_ctx.append(_serve_grpc)  # after the models load; stopped before they drain
     app.on_shutdown.append(_stop_ready)
     return app
 
@@ -55,6 +57,18 @@ async def _serve_models(app: web.Application) -> AsyncIterator[None]:
     await state.tasks.drain(state.config.drain_timeout_s)
     await state.repository.close()
     state.regions.close()
+
+
+async def _serve_grpc(app: web.Application) -> AsyncIterator[None]:
+    """The KServe v2 gRPC service (``grpc_service``) for the app's lifetime; in-flight calls get the drain
+    timeout when it stops."""
+    from edge_runtime.server.grpc_service import start_grpc
+
+    state = app[STATE]
+    server, state.grpc_port = await start_grpc(state)
+    log.info("gRPC (KServe v2) on %s:%d", state.config.host, state.grpc_port)
+    yield
+    await server.stop(state.config.drain_timeout_s)
 
 
 async def _stop_ready(app: web.Application) -> None:

@@ -4,6 +4,7 @@
 [server]
 host = "127.0.0.1"          # any other address needs a token
 port = 8080
+grpc_port = 8001            # KServe v2 gRPC beside HTTP (the grpc extra; default: off)
 token_env = "EDGE_RUNTIME_TOKEN"   # or token = "..." (the file then holds a secret)
 model_repository = "/data/models"  # default: serve the demo model
 max_body_bytes = 67108864   # larger bodies get 413
@@ -56,6 +57,7 @@ MIB = 1024 * 1024
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = None  # None: no gRPC service; 0: any free port
     token: str | None = field(default=None, repr=False)  # a secret: never in logs or reprs
     token_env: str = "EDGE_RUNTIME_TOKEN"
     model_repository: Path | None = None
@@ -71,8 +73,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.overload_status not in (429, 503):
             raise ConfigError(f"[server] overload_status must be 429 or 503, got {self.overload_status}")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"[server] port must be in 0..65535, got {self.port}")
+        for key in ("port", "grpc_port"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535):
+                raise ConfigError(f"[server] {key} must be in 0..65535, got {value!r}")
         for key in ("max_body_bytes", "max_tasks", "max_task_bytes", "default_priority_level"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"[server] {key} must be >= 1, got {getattr(self, key)}")
@@ -133,6 +137,9 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
         server = dataclasses.replace(server, token=env[server.token_env])
     if server.model_repository is not None and not server.model_repository.is_dir():
         raise ConfigError(f"model repository {server.model_repository} is not a directory")
+    if server.grpc_port is not None and not _has_grpc():
+        raise ConfigError("[server] grpc_port needs the grpc extra: pip install 'edge-runtime[grpc]' "
+                          "(grpcio and tritonclient's KServe v2 gRPC messages)")
     if not server.is_loopback and server.token is None:
         raise ConfigError(
             f"refusing to listen on {server.host!r} without a token: set [server] token, or the "
@@ -143,6 +150,12 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
                     memory_config(document.get("memory"), where))
 
 
+def _has_grpc() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("grpc", "tritonclient.grpc"))
+
+
 def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for spec in dataclasses.fields(ServerConfig):
@@ -151,7 +164,7 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         var = f"EDGE_RUNTIME_{spec.name.upper()}"
         if not env.get(var):
             continue
-        parse = {"int": int, "float": float}.get(str(spec.type), str)
+        parse = {"int": int, "int | None": int, "float": float}.get(str(spec.type), str)
         try:
             values[spec.name] = parse(env[var])
         except ValueError as exc:

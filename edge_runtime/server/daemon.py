@@ -32,7 +32,8 @@ def main(args: argparse.Namespace) -> int:
     """Entry point of ``edge-runtime serve``; returns the exit code (ConfigError propagates to the CLI)."""
     if getattr(args, "log_level", None):
         logging.getLogger().setLevel(str(args.log_level).upper())
-    overrides = {"host": args.host, "port": args.port, "model_repository": args.model_repository}
+    overrides = {"host": args.host, "port": args.port, "grpc_port": getattr(args, "grpc_port", None),
+                 "model_repository": args.model_repository}
     settings = load_settings(args.config, overrides)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
@@ -49,6 +50,7 @@ async def serve(settings: Settings) -> int:
     from edge_runtime.heap_trim import release_free_heap
     from edge_runtime.runtime import Runtime
     from edge_runtime.server.app import create_app
+    from edge_runtime.server.state import STATE
     from edge_runtime.serving.layout import demo_repository
     from edge_runtime.serving.repository import ModelRepository
 
@@ -72,7 +74,9 @@ async def serve(settings: Settings) -> int:
             site = web.TCPSite(runner, config.host, config.port)
             await site.start()
             port = runner.addresses[0][1] if runner.addresses else config.port
-            log.warning("edge-runtime serving %s on http://%s:%d%s", root, config.host, port,
+            grpc_port = app[STATE].grpc_port
+            log.warning("edge-runtime serving %s on http://%s:%d%s%s", root, config.host, port,
+                        f" and gRPC {config.host}:{grpc_port}" if grpc_port is not None else "",
                         " (token required)" if config.token else "")
             await _wait_for_signal()
             log.warning("signal received: draining for up to %.1f s", config.drain_timeout_s)

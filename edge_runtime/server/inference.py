@@ -1,4 +1,5 @@
-"""The HTTP adapter of the data plane: v2 request bytes in, v2 response bytes out.
+"""The HTTP adapter of the data plane: v2 request bytes in, v2 response bytes out (the gRPC service
+runs its decoded requests through the same ``prepare`` and ``execute``).
 
 ``decode`` parses a body (pure; large JSON bodies are parsed in a worker
 thread so the event loop keeps serving). ``prepare`` resolves the model,
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from edge_runtime.protocol.codec import (
     EncodedResponse,
@@ -24,8 +26,10 @@ from edge_runtime.protocol.codec import (
     feeds_for,
 )
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
-from edge_runtime.serving.dataplane import DataPlane, PreparedInference
+from edge_runtime.serving.dataplane import DataPlane, InferenceOutcome, PreparedInference
 from edge_runtime.serving.shared_memory import RegionLease
+
+T = TypeVar("T")
 
 # JSON bodies (or output sets) above this are parsed / serialised off the event loop: below it, the
 # thread hop costs more than the parse.
@@ -33,7 +37,7 @@ OFF_LOOP_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
-class HttpInference:
+class WireInference:
     """A prepared data-plane call plus the wire request it came from (for encoding its answer)."""
 
     prepared: PreparedInference
@@ -53,7 +57,7 @@ async def decode(body: bytes, header_length: int | None, lease: RegionLease | No
 
 
 def prepare(plane: DataPlane, name: str, version: str | None, request: InferRequest,
-            started_ns: int, lease: RegionLease | None = None) -> HttpInference:
+            started_ns: int, lease: RegionLease | None = None) -> WireInference:
     """Resolve and check what the wire adds; a mistake raises and is counted on the model."""
     target = plane.resolve(name, version)
     try:
@@ -65,7 +69,7 @@ def prepare(plane: DataPlane, name: str, version: str | None, request: InferRequ
         plane.record_failure(target, exc, started_ns)
         raise
     prepared = plane.prepare(target, feeds, request.parameters, request_id=request.id, started_ns=started_ns)
-    return HttpInference(prepared, request, lease)
+    return WireInference(prepared, request, lease)
 
 
 def decode_failed(plane: DataPlane, name: str, version: str | None, exc: EdgeRuntimeError, started_ns: int) -> None:
@@ -73,8 +77,12 @@ def decode_failed(plane: DataPlane, name: str, version: str | None, exc: EdgeRun
     plane.record_failure(plane.resolve(name, version), exc, started_ns)
 
 
-async def execute(plane: DataPlane, call: HttpInference) -> EncodedResponse:
-    """Run through the data plane and encode; raises QueueFullError, DeadlineExceededError, ...
+async def execute(plane: DataPlane, call: WireInference,
+                  encoder: Callable[[InferenceOutcome, InferRequest, RegionLease | None], T] | None = None
+                  ) -> EncodedResponse | T:
+    """Run through the data plane and encode (v2 HTTP bytes, or what ``encoder`` makes of the outcome,
+    the request and its lease: another transport's message); raises QueueFullError,
+    DeadlineExceededError, ...
 
     The call's shared-memory lease ends here, whatever happens.
     """
@@ -83,6 +91,8 @@ async def execute(plane: DataPlane, call: HttpInference) -> EncodedResponse:
         encode = (outcome.model, str(outcome.version), call.request, outcome.outputs, outcome.parameters,
                   call.lease)
         try:
+            if encoder is not None:
+                return encoder(outcome, call.request, call.lease)
             if _json_bytes(call.request, outcome.outputs) > OFF_LOOP_BYTES:
                 return await asyncio.to_thread(encode_response, *encode)
             return encode_response(*encode)

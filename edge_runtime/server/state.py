@@ -25,6 +25,7 @@ class ServerState:
     registry: CollectorRegistry
     regions: SharedMemoryRegions = field(default_factory=SharedMemoryRegions)
     ready: bool = False
+    grpc_port: int | None = None  # where the gRPC service listens, once started
 
     @property
     def repository(self) -> ModelRepository:

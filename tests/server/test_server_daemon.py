@@ -158,6 +158,46 @@ def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path
     assert "Traceback" not in stderr
 
 
+def test_the_daemon_serves_grpc_beside_http_when_asked(tmp_path: Path) -> None:
+    """``serve --grpc-port``: tritonclient.grpc gets ONNX Runtime's answer, the log names both ports, and
+    SIGTERM still exits 0."""
+    import tritonclient.grpc as tgrpc
+
+    from edge_runtime.model_zoo import build_mlp
+
+    repository = tmp_path / "repository"
+    write(repository / "mlp" / "1" / "model.onnx", build_mlp(seed=2))
+    (repository / "mlp" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+    port, grpc_port = free_port(), free_port()
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT),
+           "EDGE_RUNTIME_THREADS": "1"}
+    command = [sys.executable, "-m", "edge_runtime", "serve", "--port", str(port), "--grpc-port", str(grpc_port),
+               "--model-repository", str(repository)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        deadline = time.monotonic() + 120
+        while not _ready(client):
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "gRPC not ready within 120 s"
+            time.sleep(0.2)
+        x = np.random.default_rng(9).standard_normal((2, 64)).astype(np.float32)
+        item = tgrpc.InferInput("input", [2, 64], "FP32")
+        item.set_data_from_numpy(x)
+        got = client.infer("mlp", [item]).as_numpy("logits")
+        np.testing.assert_allclose(got, ort_run(repository / "mlp" / "1" / "model.onnx", {"input": x})["logits"],
+                                   rtol=1e-5, atol=1e-6)
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert f"and gRPC 127.0.0.1:{grpc_port}" in stderr and "Traceback" not in stderr
+
+
 def _ready(client: object) -> bool:
     from tritonclient.utils import InferenceServerException
 
