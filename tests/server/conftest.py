@@ -86,3 +86,24 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, runtime: Any, repo: Pa
     server = LiveServer(create_app(ServerConfig(port=0), ModelRepository(root, runtime))).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def regions() -> Iterator[Any]:
+    """Creates POSIX shm objects with unique keys (``tritonclient.utils.shared_memory``); destroys them after
+    the test."""
+    import uuid
+
+    import tritonclient.utils.shared_memory as shm
+
+    made = []
+
+    def create(size: int) -> tuple[str, str, Any]:
+        name = f"er-{uuid.uuid4().hex[:8]}"
+        handle = shm.create_shared_memory_region(name, f"/{name}", size)
+        made.append(handle)
+        return name, f"/{name}", handle
+
+    yield create
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)

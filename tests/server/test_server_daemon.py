@@ -26,18 +26,18 @@ REQUESTS = 8
 BATCH = 256  # ~0.1 s of CPU per request: a queue that takes a while to drain
 
 
-def start_server(repository: Path, cache: Path, port: int) -> subprocess.Popen:
+def start_server(repository: Path, cache: Path, port: int, *more: str) -> subprocess.Popen:
     env = {**os.environ, "EDGE_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(ROOT), "EDGE_RUNTIME_THREADS": "1"}
     command = [sys.executable, "-m", "edge_runtime", "--log-level", "INFO", "serve", "--port", str(port),
-               "--model-repository", str(repository)]
+               "--model-repository", str(repository), *more]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 
 @contextlib.contextmanager
-def serving(repository: Path, cache: Path, port: int) -> Iterator[subprocess.Popen]:
+def serving(repository: Path, cache: Path, port: int, *more: str) -> Iterator[subprocess.Popen]:
     """``start_server``, killed on the way out unless the test ended it."""
-    process = start_server(repository, cache, port)
+    process = start_server(repository, cache, port, *more)
     try:
         yield process
     finally:
@@ -140,11 +140,7 @@ def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path
     port = free_port()
     with serving(repository, tmp_path / "cache", port) as process:
         client = triton.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=30, network_timeout=120)
-        deadline = time.monotonic() + 240  # an emulated arm64 interpreter takes a while to import
-        while not _ready(client):
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "server not ready within 240 s"
-            time.sleep(0.2)
+        _wait_ready(client, process, 240)  # an emulated arm64 interpreter takes a while to import
         x = np.random.default_rng(8).standard_normal((3, 64)).astype(np.float32)
         for binary in (False, True):
             outputs = [triton.InferRequestedOutput("logits", binary_data=binary)]
@@ -169,18 +165,9 @@ def test_the_daemon_serves_grpc_beside_http_when_asked(tmp_path: Path) -> None:
     write(repository / "mlp" / "1" / "model.onnx", build_mlp(seed=2))
     (repository / "mlp" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
     port, grpc_port = free_port(), free_port()
-    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT),
-           "EDGE_RUNTIME_THREADS": "1"}
-    command = [sys.executable, "-m", "edge_runtime", "serve", "--port", str(port), "--grpc-port", str(grpc_port),
-               "--model-repository", str(repository)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with serving(repository, tmp_path / "cache", port, "--grpc-port", str(grpc_port)) as process:
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-        deadline = time.monotonic() + 120
-        while not _ready(client):
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "gRPC not ready within 120 s"
-            time.sleep(0.2)
+        _wait_ready(client, process, 120)
         x = np.random.default_rng(9).standard_normal((2, 64)).astype(np.float32)
         item = tgrpc.InferInput("input", [2, 64], "FP32")
         item.set_data_from_numpy(x)
@@ -190,12 +177,16 @@ def test_the_daemon_serves_grpc_beside_http_when_asked(tmp_path: Path) -> None:
         client.close()
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 0, stderr
     assert f"and gRPC 127.0.0.1:{grpc_port}" in stderr and "Traceback" not in stderr
+
+
+def _wait_ready(client: object, process: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not _ready(client):
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, f"server not ready within {seconds:g} s"
+        time.sleep(0.2)
 
 
 def _ready(client: object) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -197,21 +196,6 @@ def test_repository_statistics_and_http_agree(client: Any, http: Any) -> None:
         client.load_model("types", config='{"max_batch_size": 4}')
     client.load_model("types")
     assert client.is_model_ready("types")
-
-
-@pytest.fixture
-def regions() -> Iterator[Any]:
-    made = []
-
-    def create(size: int) -> tuple[str, str, Any]:
-        name = f"er-{uuid.uuid4().hex[:8]}"
-        handle = shm.create_shared_memory_region(name, f"/{name}", size)
-        made.append(handle)
-        return name, f"/{name}", handle
-
-    yield create
-    for handle in made:
-        shm.destroy_shared_memory_region(handle)
 
 
 def test_system_shared_memory_in_and_out_equals_onnxruntime(client: Any, repo: Path, regions: Any) -> None:

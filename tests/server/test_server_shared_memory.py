@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,22 +21,6 @@ from edge_runtime.protocol import codec
 from server_fixtures import LiveServer, ort_run, triton_inputs, write
 
 ROWS, FEATURES, CLASSES = 3, 64, 10
-
-
-@pytest.fixture
-def regions() -> Any:
-    """Creates POSIX shm objects with unique keys; destroys them after the test."""
-    made = []
-
-    def create(size: int) -> tuple[str, str, Any]:
-        name = f"er-{uuid.uuid4().hex[:8]}"
-        handle = shm.create_shared_memory_region(name, f"/{name}", size)
-        made.append(handle)
-        return name, f"/{name}", handle
-
-    yield create
-    for handle in made:
-        shm.destroy_shared_memory_region(handle)
 
 
 def test_tritonclient_shared_memory_inference_equals_http_and_onnxruntime(
