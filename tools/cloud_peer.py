@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,13 +43,15 @@ class ServerProcess:
 
     @classmethod
     def start(cls, repository: Path, log_path: Path, *, port: int | None = None,
-              env: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> "ServerProcess":
+              env: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+              args: Sequence[str] = ()) -> "ServerProcess":
+        """``args``: more ``serve`` options (``--grpc-port N``)."""
         port = port or free_port()
         environment = {**os.environ, "EDGE_RUNTIME_THREADS": "1", **(env or {})}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "edge_runtime", "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "--model-repository", str(repository)],
+                 "--model-repository", str(repository), *args],
                 cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
         server = cls(repository, port, process, log_path)
         server.wait_ready(timeout_s)
