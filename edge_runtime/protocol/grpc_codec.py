@@ -22,7 +22,7 @@ import numpy as np
 
 from edge_runtime.errors import InvalidInputError
 from edge_runtime.protocol.codec import InferRequest, RegionViews, RequestedOutput, to_region
-from edge_runtime.protocol.tensors import DATATYPES, from_bytes, to_bytes, wire_datatype
+from edge_runtime.protocol.tensors import DATATYPES, from_bytes, shaped, to_bytes, wire_datatype
 
 # The typed ``InferTensorContents`` field of each datatype (narrower integers travel widened).
 CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -119,16 +119,15 @@ def _from_contents(name: str, datatype: str, shape: tuple[int, ...], contents: A
     if datatype == "BYTES":
         array = np.empty(count, dtype=object)
         array[:] = list(values)
-        return array.reshape(shape)
+        return shaped(name, array, shape)
     dtype = np.dtype(DATATYPES[datatype])
-    wide = np.asarray(values)
-    if dtype.kind in "iu" and wide.size:
+    if dtype.kind in "iu" and values:
         info = np.iinfo(dtype)
-        low, high = int(wide.min()), int(wide.max())
+        low, high = min(values), max(values)  # Python ints: exact even beyond int64
         if low < info.min or high > info.max:
             raise InvalidInputError(f"input {name!r}: value {low if low < info.min else high} is out of range "
                                     f"for {datatype}")
-    return wide.astype(dtype).reshape(shape)
+    return shaped(name, np.array(values, dtype=dtype), shape)
 
 
 def _requested(output: Any) -> RequestedOutput:

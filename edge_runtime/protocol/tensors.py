@@ -73,10 +73,10 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np
     if array.size != count:
         raise InvalidInputError(
             f"input {name!r}: shape {list(shape)} needs {count} elements, 'data' has {array.size}")
-    return _shaped(name, array, shape)
+    return shaped(name, array, shape)
 
 
-def _shaped(name: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def shaped(name: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``array.reshape(shape)``; a shape numpy cannot hold (rank over its limit, a dimension of
     2**63 or more beside a zero one) is the client's mistake, not the server's."""
     try:
@@ -142,7 +142,7 @@ def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | me
                 f"input {name!r}: shape {list(shape)} needs {count} BYTES elements, the data holds {len(elements)}")
         array = np.empty(count, dtype=object)
         array[:] = elements
-        return _shaped(name, array, shape)
+        return shaped(name, array, shape)
     dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise InvalidInputError(
@@ -152,7 +152,7 @@ def from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | me
         octets = np.frombuffer(raw, dtype=np.uint8)
         if octets.size and int(octets.max()) > 1:
             raise InvalidInputError(f"input {name!r}: BOOL bytes must be 0 or 1, found {int(octets.max())}")
-    return _shaped(name, np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False), shape)
+    return shaped(name, np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False), shape)
 
 
 def _split_bytes(name: str, raw: bytes | memoryview) -> list[bytes]:
