@@ -13,6 +13,8 @@ import edge_runtime
 from edge_runtime.protocol.codec import wire_datatype, wire_shape
 from edge_runtime.server.state import ServerState
 from edge_runtime.serving.repository import LoadedVersion
+from edge_runtime.serving.text_tensors import is_text_generator
+from edge_runtime.serving.text_tensors import tensor_metadata as text_tensor_metadata
 
 SERVER_NAME = "edge-runtime"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration",
@@ -31,15 +33,23 @@ def platform(target: LoadedVersion) -> str:
     return "tflite" if target.model.path.suffix.lower() in (".tflite", ".lite") else "onnx"
 
 
+def tensors(target: LoadedVersion) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(inputs, outputs) of a version: its graph's, or a text generator's ``text_input`` / ``text_output``."""
+    if is_text_generator(target):
+        return text_tensor_metadata()
+    return tensor_metadata(target.model.inputs), tensor_metadata(target.model.outputs)
+
+
 def model_metadata(state: ServerState, target: LoadedVersion) -> dict[str, Any]:
     """v2 model metadata, with our ``edge_runtime`` section (backend, plans, batching, auto's decision)."""
     model = target.model
+    inputs, outputs = tensors(target)
     return {
         "name": target.name,
         "versions": [str(v) for v in state.repository.versions_served(target.name)],
         "platform": platform(target),
-        "inputs": tensor_metadata(model.inputs),
-        "outputs": tensor_metadata(model.outputs),
+        "inputs": inputs,
+        "outputs": outputs,
         "edge_runtime": {"version": str(target.version), "backend": model.backend,
                          "backend_nodes": model.backend_nodes, "plans": target.dispatcher.plans,
                          "cloud_mode": target.dispatcher.cloud.mode,
@@ -60,6 +70,9 @@ def _auto_decision(target: LoadedVersion) -> dict[str, Any] | None:
 
 def _batching(target: LoadedVersion) -> dict[str, Any]:
     scheduler = target.scheduler
+    if is_text_generator(target):
+        return {"enabled": False, "max_batch_size": 1,
+                "reason": "a text generator: its sequences share the engine's continuous batch instead"}
     if scheduler is None:
         return {"enabled": False, "reason": "served by the cloud alone", "max_batch_size": 1}
     return scheduler.batching_decision.to_dict()
@@ -83,13 +96,14 @@ def _spin(target: LoadedVersion) -> dict[str, Any] | None:
 def model_config(target: LoadedVersion) -> dict[str, Any]:
     """The serving configuration of a version (our config.toml, in Triton's terms where they exist)."""
     config = target.config
+    inputs, outputs = tensors(target)
     return {
         "name": target.name,
         "platform": platform(target),
         "backend": target.model.backend,
-        "max_batch_size": config.batching.max_batch_size,
-        "input": tensor_metadata(target.model.inputs),
-        "output": tensor_metadata(target.model.outputs),
+        "max_batch_size": 0 if is_text_generator(target) else config.batching.max_batch_size,
+        "input": inputs,
+        "output": outputs,
         "dynamic_batching": {"preferred_batch_size": list(config.batching.preferred_batch_sizes),
                              "max_queue_delay_microseconds": config.batching.max_queue_delay_us},
         "queue_policy": {"max_queue_size": config.queue.max_queue_size,

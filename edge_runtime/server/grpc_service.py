@@ -10,6 +10,8 @@ client ships them; we generate nothing), so Triton's and KServe's gRPC clients w
 * ``ModelInfer`` (typed contents or ``raw_input_contents``, system shared memory, Triton's
   ``priority`` and ``timeout`` parameters) and ``ModelStreamInfer`` (each request of a stream
   answered as it completes, errors as ``error_message`` without ending the stream);
+* text generators through Triton's LLM interface (``serving.text_tensors``: ``text_input`` in,
+  ``text_output`` out, streamed chunk by chunk over ``ModelStreamInfer`` with ``stream`` true);
 * the repository extension (index, load, unload) and system shared memory (status, register,
   unregister). CUDA shared memory, trace and log settings answer ``UNIMPLEMENTED``.
 
@@ -32,11 +34,13 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
+from edge_runtime.protocol.codec import check_outputs
 from edge_runtime.protocol.grpc_codec import decode_infer_request, encode_infer_response
 from edge_runtime.server import documents, inference
 from edge_runtime.server.errors import INTERNAL, UnauthorizedError, mapping_of, public_message
 from edge_runtime.server.state import ServerState
 from edge_runtime.serving.layout import check_model_name, parse_version
+from edge_runtime.serving.text_tensors import is_text_generator, open_stream, text_output, text_request, whole_answer
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +128,27 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._infer(request)
 
     async def _infer(self, request: Any) -> Any:
+        responses = self._responses(request, streaming=False)
+        try:
+            return await anext(responses)  # unstreamed: exactly one
+        finally:
+            await responses.aclose()
+
+    async def _responses(self, request: Any, streaming: bool) -> AsyncIterator[Any]:
+        """The response(s) of one request: one for a tensor model; for a text generator one, or with its
+        ``stream`` input (``streaming`` calls only) one per chunk of text."""
         state, name, version = self.state, request.model_name, request.model_version or None
-        started_ns = inference.now_ns()
         await state.repository.ensure_loaded(check_model_name(name))  # [memory] lazy_load, or unloaded
+        target = state.plane.resolve(name, version)
+        if is_text_generator(target):
+            async for response in self._text_responses(target, request, streaming):
+                yield response
+            return
+        yield await self._tensor_response(request, name, version)
+
+    async def _tensor_response(self, request: Any, name: str, version: str | None) -> Any:
+        state = self.state
+        started_ns = inference.now_ns()
         lease = state.regions.lease()
         try:
             try:
@@ -144,6 +166,43 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise
         return await inference.execute(state.plane, call, _encode)
 
+    async def _text_responses(self, target: Any, request: Any, streaming: bool) -> AsyncIterator[Any]:
+        """Triton's LLM interface (``serving.text_tensors``): ``text_output`` whole, or streamed chunk by
+        chunk, each response flagged ``triton_final_response`` (an empty final one when the client asks
+        with ``triton_enable_empty_final_response``, as Triton's decoupled models answer)."""
+        decoded = decode_infer_request(request)
+        text = text_request(target.name, decoded.inputs, decoded.parameters)
+        check_outputs(decoded, ["text_output"])
+        if not text.stream:
+            answer, reason = await whole_answer(target, text)
+            yield self._text_response(target, decoded, answer, reason, final=True)
+            return
+        if not streaming:
+            raise InvalidInputError("input 'stream' is true: stream with ModelStreamInfer, or send stream false")
+        empty_final = decoded.parameters.get("triton_enable_empty_final_response") is True
+        chunks = open_stream(target, text)
+        try:
+            async for chunk in chunks:
+                last = chunk.finish_reason is not None
+                if chunk.text or last:
+                    yield self._text_response(target, decoded, chunk.text, chunk.finish_reason,
+                                              final=last and not empty_final)
+            if empty_final:
+                response = service_pb2.ModelInferResponse(model_name=target.name, model_version=str(target.version),
+                                                          id=decoded.id or "")
+                response.parameters["triton_final_response"].bool_param = True
+                yield response
+        finally:
+            await chunks.aclose()
+
+    @staticmethod
+    def _text_response(target: Any, decoded: Any, text: str, reason: str | None, final: bool) -> Any:
+        parameters: dict[str, Any] = {"triton_final_response": final}
+        if reason:
+            parameters["finish_reason"] = reason
+        return encode_infer_response(service_pb2.ModelInferResponse(), target.name, str(target.version), decoded,
+                                     text_output(text), parameters)
+
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         """Each request answered as it completes (ids match them up); a failed one is an ``error_message``
         response and the stream goes on. The stream ends when the client's requests end and every answer
@@ -155,16 +214,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def answer(message: Any) -> None:
             try:
-                response = service_pb2.ModelStreamInferResponse(infer_response=await self._infer(message))
+                async for response in self._responses(message, streaming=True):
+                    answers.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 _, text = self.status_of(exc, "ModelStreamInfer")
-                response = service_pb2.ModelStreamInferResponse(error_message=text)
-                response.infer_response.id, response.infer_response.model_name = message.id, message.model_name
+                failed = service_pb2.ModelStreamInferResponse(error_message=text)
+                failed.infer_response.id, failed.infer_response.model_name = message.id, message.model_name
+                answers.put_nowait(failed)
             finally:
                 slots.release()
-            answers.put_nowait(response)
 
         async def read() -> None:
             try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from edge_runtime.protocol.codec import (
     EncodedResponse,
@@ -116,3 +116,19 @@ def _json_bytes(request: InferRequest, outputs: dict) -> int:
 
 def now_ns() -> int:
     return time.perf_counter_ns()
+
+
+async def generate_text(target: Any, body: bytes, header_length: int | None) -> EncodedResponse:
+    """A v2 request to a text generator (``serving.text_tensors``): the whole answer as ``text_output``.
+    Streaming needs a streaming transport (gRPC ``ModelStreamInfer``, ``/generate_stream``)."""
+    from edge_runtime.serving.text_tensors import text_output, text_request, whole_answer
+
+    request = await decode(body, header_length)
+    text = text_request(target.name, request.inputs, request.parameters)
+    if text.stream:
+        raise InvalidInputError(f"input 'stream' is true: stream over gRPC ModelStreamInfer or POST "
+                                f"/v2/models/{target.name}/generate_stream")
+    check_outputs(request, ["text_output"])
+    answer, reason = await whole_answer(target, text)
+    return encode_response(target.name, str(target.version), request, text_output(answer),
+                           {"finish_reason": reason} if reason else None)

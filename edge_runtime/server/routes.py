@@ -19,12 +19,14 @@ from edge_runtime.protocol import jsonio
 from edge_runtime.protocol.codec import EncodedResponse, parse_json
 from edge_runtime.server.errors import RequestTooLargeError, TaskStateError
 from edge_runtime.server.generate_routes import GENERATE_ROUTES
+from edge_runtime.server.generation_http import until_disconnect
 from edge_runtime.server.openai_routes import OPENAI_ROUTES
 from edge_runtime.server.responses_routes import RESPONSES_ROUTES
 from edge_runtime.server.tokenize_routes import TOKENIZE_ROUTES
 from edge_runtime.server.metrics import CONTENT_TYPE, scrape
 from edge_runtime.serving.layout import check_model_name, is_decimal, parse_version
 from edge_runtime.serving.repository import LoadedVersion
+from edge_runtime.serving.text_tensors import is_text_generator
 from edge_runtime.server.state import STATE, ServerState
 from edge_runtime.server.tasks import CANCELLED, FAILED, PENDING, Task
 
@@ -111,6 +113,10 @@ async def infer(request: web.Request) -> web.Response:
     name, version = request.match_info["model"], request.match_info.get("version")
     body = await _body(request)
     await state.repository.ensure_loaded(name)  # [memory] lazy_load, or unloaded by the budget
+    target = state.plane.resolve(name, version)
+    if is_text_generator(target):  # Triton's LLM interface: text_input in, text_output out
+        answer = inference.generate_text(target, body, _header_length(request))
+        return _inference_response(await until_disconnect(request, answer))  # a client gone stops it
     lease = state.regions.lease()
     try:
         try:

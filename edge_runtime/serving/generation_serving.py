@@ -106,7 +106,8 @@ class GenerationDispatcher:
 
     async def infer(self, *args: Any, **kwargs: Any) -> Any:
         raise InvalidInputError(f"model {self.name!r} generates text: call POST /v1/chat/completions, "
-                                f"/v1/completions or /v2/models/{self.name}/generate")
+                                f"/v1/completions or /v2/models/{self.name}/generate, or infer with its "
+                                "'text_input' tensor")
 
     @property
     def forwards(self) -> bool:
@@ -130,6 +131,11 @@ class GenerationDispatcher:
         closed: close it (``aclose``) when not reading it to the end.
         """
         return BusyStream(self._chunks(prepared, params, request), self.hold() if release is None else release)
+
+    def stream_completion(self, parsed: Any) -> BusyStream:
+        """A plain completion (a parsed ``/v1/completions`` body: Triton's generate extension, the text
+        tensors of ``text_tensors``) prepared and streamed as ``stream`` does."""
+        return self.stream(self.model.prepare(prompt=parsed.prompt), parsed.params, parsed)
 
     def stream_deferred(self, prepare: Callable[[], Awaitable["PreparedPrompt"]], estimate: "PromptEstimate",
                         params: "SamplingParams", request: Any, release: Callable[[], None]) -> BusyStream:
