@@ -21,7 +21,12 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
 from edge_runtime.errors import InvalidInputError
-from edge_runtime.protocol.grpc_codec import CONTENTS_FIELD, decode_infer_request, encode_infer_response
+from edge_runtime.protocol.grpc_codec import (
+    CONTENTS_FIELD,
+    decode_infer_request,
+    encode_infer_response,
+    set_parameters,
+)
 from edge_runtime.protocol.tensors import DATATYPES
 
 NUMERIC = sorted(t for t in DATATYPES if t != "BYTES")
@@ -41,17 +46,6 @@ CONTENT_VALUES = {
 PARAMETER = st.one_of(st.booleans(), INT64, st.text(max_size=6), st.floats(allow_nan=True))
 
 
-def _set(parameters: Any, key: str, value: Any) -> None:
-    if isinstance(value, bool):
-        parameters[key].bool_param = value
-    elif isinstance(value, int):
-        parameters[key].int64_param = value
-    elif isinstance(value, float):
-        parameters[key].double_param = value
-    else:
-        parameters[key].string_param = value
-
-
 @st.composite
 def requests(draw: st.DrawFn) -> Any:
     message = service_pb2.ModelInferRequest(model_name="m", id=draw(st.text(max_size=4)))
@@ -64,16 +58,16 @@ def requests(draw: st.DrawFn) -> Any:
             getattr(tensor.contents, field).extend(draw(CONTENT_VALUES[field]))
         for key in draw(st.lists(st.sampled_from(["shared_memory_region", "shared_memory_byte_size", "other"]),
                                  max_size=2)):
-            _set(tensor.parameters, key, draw(PARAMETER))
+            set_parameters(tensor.parameters, {key: draw(PARAMETER)})
     for raw in draw(st.lists(st.binary(max_size=40), max_size=3)):
         message.raw_input_contents.append(raw)
     for name in draw(st.lists(st.text(max_size=3), max_size=2)):
         output = message.outputs.add(name=name)
         if draw(st.booleans()):
-            _set(output.parameters, draw(st.sampled_from(["classification", "shared_memory_region", "binary_data"])),
-                 draw(PARAMETER))
+            key = draw(st.sampled_from(["classification", "shared_memory_region", "binary_data"]))
+            set_parameters(output.parameters, {key: draw(PARAMETER)})
     for key in draw(st.lists(st.sampled_from(["priority", "timeout", "async", "x"]), max_size=3)):
-        _set(message.parameters, key, draw(PARAMETER))
+        set_parameters(message.parameters, {key: draw(PARAMETER)})
     return message
 
 
