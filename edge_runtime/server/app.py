@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import AsyncIterator
 
@@ -67,10 +68,16 @@ async def _serve_grpc(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     server, state.grpc_port = await start_grpc(state)
     log.info("gRPC (KServe v2) on %s:%d", state.config.host, state.grpc_port)
+    state.grpc_stop = lambda: server.stop(state.config.drain_timeout_s)
     yield
-    await server.stop(state.config.drain_timeout_s)
+    await state.grpc_stopping if state.grpc_stopping is not None else server.stop(state.config.drain_timeout_s)
 
 
 async def _stop_ready(app: web.Application) -> None:
-    # on_shutdown runs before in-flight requests are awaited: readiness goes false at once.
-    app[STATE].ready = False
+    # on_shutdown runs before in-flight requests are awaited: readiness goes false at once, and the
+    # gRPC service takes no new calls from now on (its in-flight ones get the drain timeout), as the
+    # HTTP socket closes.
+    state = app[STATE]
+    state.ready = False
+    if state.grpc_stop is not None and state.grpc_stopping is None:
+        state.grpc_stopping = asyncio.ensure_future(state.grpc_stop())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -26,6 +28,8 @@ class ServerState:
     regions: SharedMemoryRegions = field(default_factory=SharedMemoryRegions)
     ready: bool = False
     grpc_port: int | None = None  # where the gRPC service listens, once started
+    grpc_stop: Callable[[], Awaitable[None]] | None = None  # stops it (new calls refused, in-flight drained)
+    grpc_stopping: "asyncio.Future[None] | None" = None  # that stop, once shutdown began
 
     @property
     def repository(self) -> ModelRepository:

@@ -127,6 +127,54 @@ async def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path: Path) -> 
 
 
 @pytest.mark.aarch64
+async def test_sigterm_drains_in_flight_grpc_calls_and_refuses_new_ones(tmp_path: Path) -> None:
+    """gRPC beside HTTP drains as HTTP does: calls in flight at SIGTERM are answered, a new call is
+    refused (the service stops taking calls at once), and the daemon exits 0."""
+    import tritonclient.grpc.aio as agrpc
+
+    repository = tmp_path / "repository"
+    write(repository / "mobilenet" / "1" / "model.onnx", build_mobilenet())
+    (repository / "mobilenet" / "config.toml").write_text('[serving]\nbackend = "cpu"\n')
+    port, grpc_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    images = [np.random.default_rng(i).standard_normal((BATCH, 3, 64, 64)).astype(np.float32) for i in range(2)]
+    with serving(repository, tmp_path / "cache", port, "--grpc-port", str(grpc_port)) as process:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await wait_ready(session, base, process)
+            client = agrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+
+            async def infer(i: int) -> np.ndarray:
+                item = agrpc.InferInput("input", [BATCH, 3, 64, 64], "FP32")
+                item.set_data_from_numpy(images[i % 2])
+                return (await client.infer("mobilenet", [item])).as_numpy("probabilities")
+
+            in_flight = [asyncio.ensure_future(infer(i)) for i in range(REQUESTS)]
+            deadline = time.monotonic() + 60
+            while True:  # every call accepted (queued, running or answered) and several waiting
+                queued, answered = await pending(session, base), sum(t.done() for t in in_flight)
+                if queued + answered + 1 >= REQUESTS and queued >= 2:
+                    break
+                assert time.monotonic() < deadline, f"calls never queued up ({queued} queued, {answered} done)"
+                await asyncio.sleep(0.01)
+            process.send_signal(signal.SIGTERM)
+            refused_while_draining = False
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                try:
+                    await client.is_server_live()
+                except Exception:  # the call is refused once the service stops taking calls
+                    refused_while_draining = not all(t.done() for t in in_flight)
+                    break
+            results = await asyncio.gather(*in_flight)
+            await client.close()
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=60)
+    assert process.returncode == 0, stderr
+    assert refused_while_draining, "new gRPC calls must be refused while the accepted ones drain"
+    expected = ort_run(repository / "mobilenet" / "1" / "model.onnx", {"input": images[0]})["probabilities"]
+    np.testing.assert_allclose(results[0], expected, rtol=1e-4, atol=1e-6)
+    assert len(results) == REQUESTS and "Traceback" not in stderr
+
+
 def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path) -> None:
     """``edge-runtime serve`` as a process, the reference client, small inputs (runs emulated too)."""
     import tritonclient.http as triton
