@@ -11,10 +11,11 @@ Mapped: ``input`` (a string, or items: messages with ``input_text`` / ``output_t
 dropped, as chat templates drop past reasoning), ``instructions`` (a system message first),
 function ``tools`` (flat in this API, nested in chat), ``tool_choice``, ``parallel_tool_calls``,
 ``text.format`` (``json_schema`` / ``json_object``), ``max_output_tokens``, ``temperature``, ``top_p``
-and vLLM's sampling extras. Refused with a 400 naming the field: what needs state this server does
-not keep (``previous_response_id``, ``conversation``, ``background``), built-in tools (web or file
-search, ...), files and item references. ``store`` is accepted and answered ``false``; ``reasoning``,
-``include``, ``truncation`` and ``metadata`` are accepted and change nothing here.
+and vLLM's sampling extras. Refused with a 400 naming the field: state this server does not keep
+(``conversation``, ``background``), built-in tools (web or file search, ...), files and item
+references. ``previous_response_id`` and ``store`` are the server's (``server.responses_store``: the
+input arrives here already continued); ``reasoning``, ``include``, ``truncation`` and ``metadata`` are
+accepted and change nothing here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from edge_runtime.errors import InvalidInputError
 PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "stop", "top_k", "min_p",
           "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "ignore_eos",
           "structured_outputs", "chat_template_kwargs", "include_reasoning", "top_logprobs")
-STATEFUL = {"previous_response_id": "this server keeps no responses: send the whole conversation in 'input'",
+STATEFUL = {"previous_response_id": "the server resolves it before the chat body is made",
             "conversation": "this server keeps no conversations: send the whole conversation in 'input'",
             "background": "background responses are not supported: use stream, or wait for the answer"}
 

@@ -15,6 +15,7 @@ from edge_runtime.server.middleware import auth_middleware, error_middleware
 from edge_runtime.serving.dataplane import DataPlane
 from edge_runtime.serving.repository import ModelRepository
 from edge_runtime.server.routes import add_routes
+from edge_runtime.server.responses_store import ResponseStore
 from edge_runtime.server.state import STATE, ServerState
 from edge_runtime.serving.stats import InferenceStats
 from edge_runtime.server.tasks import TaskStore
@@ -37,7 +38,7 @@ def create_app(config: ServerConfig, repository: ModelRepository) -> web.Applica
                           middlewares=[error_middleware(config.overload_status, config.retry_after_s),
                                        auth_middleware(config.token)])
     plane = DataPlane(repository, stats, default_priority_level=config.default_priority_level)
-    app[STATE] = ServerState(config, plane, tasks, registry)
+    app[STATE] = ServerState(config, plane, tasks, registry, responses=ResponseStore(config.responses_store_bytes))
     add_routes(app)
     app.cleanup_ctx.append(_serve_models)
     if config.grpc_port is not None:

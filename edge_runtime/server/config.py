@@ -15,6 +15,7 @@ task_ttl_s = 600.0          # async task results kept this long after they finis
 max_tasks = 256             # async tasks kept at once (oldest finished evicted first)
 max_task_bytes = 67108864   # bytes of kept async results (oldest finished evicted first)
 default_priority_level = 5  # Triton: requests without a priority get this level
+responses_store_bytes = 16777216  # Responses API answers kept for previous_response_id (0: none)
 [runtime]
 intra_op_threads = 0
 [load]                      # the server's one LoadMonitor (edge_runtime.load_monitor.LoadConfig)
@@ -69,6 +70,7 @@ class ServerConfig:
     max_tasks: int = 256
     max_task_bytes: int = 64 * MIB
     default_priority_level: int = 5
+    responses_store_bytes: int = 16 * MIB  # Responses API responses kept for previous_response_id (0: none)
 
     def __post_init__(self) -> None:
         if self.overload_status not in (429, 503):
@@ -80,7 +82,7 @@ class ServerConfig:
         for key in ("max_body_bytes", "max_tasks", "max_task_bytes", "default_priority_level"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"[server] {key} must be >= 1, got {getattr(self, key)}")
-        for key in ("retry_after_s", "drain_timeout_s", "task_ttl_s"):
+        for key in ("retry_after_s", "drain_timeout_s", "task_ttl_s", "responses_store_bytes"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"[server] {key} must be >= 0, got {getattr(self, key)}")
         if self.token is not None and not self.token.strip():

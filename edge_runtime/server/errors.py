@@ -51,6 +51,10 @@ class TaskNotFoundError(ModelNotFoundError):
     """No async task with that id (never existed, cancelled and removed, or expired)."""
 
 
+class ResponseNotFoundError(ModelNotFoundError):
+    """No stored Responses API response with that id (never stored, evicted, deleted, or storing is off)."""
+
+
 class TaskStateError(EdgeRuntimeError):
     """The async task has no result to give: still pending, or cancelled."""
 

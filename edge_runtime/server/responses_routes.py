@@ -8,7 +8,8 @@ items — or, streamed, as the API's typed events: ``response.created``, ``respo
 each item's ``output_item.added`` / deltas / ``output_item.done``, then ``response.completed`` (or
 ``response.incomplete`` when ``max_output_tokens`` cut the answer), numbered by
 ``sequence_number``, with no ``[DONE]``; ``response.failed`` when the answer fails after the stream
-began. Nothing is stored: ``store`` is answered false.
+began. Responses are stored (``store``, default true) for ``previous_response_id`` and the retrieve,
+``input_items`` and delete routes (``responses_store``).
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
-from edge_runtime.errors import EdgeRuntimeError
+from edge_runtime.errors import EdgeRuntimeError, InvalidInputError
 from edge_runtime.generation import reasoning, tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat
 from edge_runtime.generation.responses_params import chat_body
 from edge_runtime.generation.tool_stream import ToolStream
 from edge_runtime.server.errors import INTERNAL, mapping_of, public_message
-from edge_runtime.server.generation_http import json_object
+from edge_runtime.server.generation_http import dumps, json_object, state_of
+from edge_runtime.server.responses_store import ResponseStore
 from edge_runtime.server.openai_routes import answer_with, openai_error
 
 log = logging.getLogger(__name__)
@@ -41,11 +43,14 @@ class ResponsesAnswer:
 
     sse_done = False  # the Responses stream ends with its terminal event, no [DONE]
 
-    def __init__(self, parsed: OpenAIRequest, loaded: Any, body: Any) -> None:
+    def __init__(self, parsed: OpenAIRequest, loaded: Any, body: Any,
+                 keep: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        """``keep``: stores the final Response (``responses_store``), when the request is stored."""
         self.parsed = parsed
         self.model = loaded.model
         self.name = loaded.name
         self.body = body
+        self.keep = keep
         self.chat = True
         self.id = _id("resp")
         self.created = int(time.time())
@@ -67,7 +72,8 @@ class ResponsesAnswer:
                 "background": False, "error": error, "incomplete_details": incomplete,
                 "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                 "model": self.name, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
-                "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+                "previous_response_id": body.get("previous_response_id"),
+                "reasoning": {"effort": None, "summary": None}, "store": self.keep is not None,
                 "temperature": params.temperature, "text": body.get("text") or {"format": {"type": "text"}},
                 "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
                 "top_p": params.top_p, "truncation": body.get("truncation") or "disabled", "usage": usage,
@@ -100,7 +106,13 @@ class ResponsesAnswer:
             output.append(_message_item(_id("msg"), content, "completed"))
         output += [_call_item(_id("fc"), call.id or tool_parsers.new_call_id(), call.name, call.arguments, "completed")
                    for call in calls]
-        return self.response("completed", output, chunks[-1], thought)
+        return self._kept(self.response("completed", output, chunks[-1], thought))
+
+    def _kept(self, response: dict[str, Any]) -> dict[str, Any]:
+        """``response`` (final), stored first when the request asked for it."""
+        if self.keep is not None:
+            self.keep(response)
+        return response
 
     async def events(self, firsts: list[Any], streams: list[AsyncIterator[Any]],
                      prompt_text: str) -> AsyncIterator[dict[str, Any]]:
@@ -121,7 +133,7 @@ class ResponsesAnswer:
             code = "rate_limit_exceeded" if mapping.status == 429 else "server_error"
             failed = self.response("failed", items.done + items.cut(),
                                    error={"code": code, "message": public_message(exc)})
-            yield items.event("response.failed", response=failed)
+            yield items.event("response.failed", response=self._kept(failed))
         finally:
             await answering.aclose()  # a client gone: its sequence stops now, not when collected
 
@@ -151,7 +163,7 @@ class ResponsesAnswer:
             chunk = await anext(rest, None)
         for event in items.close():
             yield event
-        terminal = self.response("completed", items.done, last, "".join(thoughts) or None)
+        terminal = self._kept(self.response("completed", items.done, last, "".join(thoughts) or None))
         yield items.event(f"response.{terminal['status']}", response=terminal)
 
 
@@ -284,8 +296,56 @@ class _ItemStream:
 async def responses(request: web.Request) -> web.StreamResponse:
     try:
         body = await json_object(request)
-        parsed = parse_chat(chat_body(body))
-        return await answer_with(request, parsed, lambda p, loaded: ResponsesAnswer(p, loaded, body))
+        store = state_of(request).responses
+        conversation = continued(body, store)  # previous_response_id's conversation, then this input
+        parsed = parse_chat(chat_body({**{k: v for k, v in body.items() if k != "previous_response_id"},
+                                       "input": conversation}))
+        wanted = body.get("store", True)
+        if not isinstance(wanted, bool):
+            raise InvalidInputError(f"'store' must be true or false, got {wanted!r}")
+        keep = (lambda response: store.put(response, conversation)) if wanted and store.enabled else None
+        return await answer_with(request, parsed, lambda p, loaded: ResponsesAnswer(p, loaded, body, keep))
+    except EdgeRuntimeError as exc:
+        return openai_error(exc, request)
+
+
+def continued(body: Mapping[str, Any], store: ResponseStore) -> list[dict[str, Any]]:
+    """The request's input as items, after the stored conversation ``previous_response_id`` names
+    (ResponseNotFoundError, a 404, when it is not stored)."""
+    given = body.get("input")
+    items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
+    previous = body.get("previous_response_id")
+    if previous is None:
+        return items
+    history = store.get(previous).conversation
+    return history + (items if isinstance(items, list) else [items])  # a bad input is chat_body's 400
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    try:
+        stored = state_of(request).responses.get(request.match_info["response_id"])
+        return web.Response(text=dumps(stored.response), content_type="application/json")
+    except EdgeRuntimeError as exc:
+        return openai_error(exc, request)
+
+
+async def input_items(request: web.Request) -> web.Response:
+    try:
+        items = state_of(request).responses.get(request.match_info["response_id"]).input_items
+        return web.Response(text=dumps({"object": "list", "data": items, "has_more": False,
+                                        "first_id": items[0]["id"] if items else None,
+                                        "last_id": items[-1]["id"] if items else None}),
+                            content_type="application/json")
+    except EdgeRuntimeError as exc:
+        return openai_error(exc, request)
+
+
+async def delete(request: web.Request) -> web.Response:
+    try:
+        response_id = request.match_info["response_id"]
+        state_of(request).responses.delete(response_id)
+        return web.Response(text=dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
+                            content_type="application/json")
     except EdgeRuntimeError as exc:
         return openai_error(exc, request)
 
@@ -293,6 +353,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
 # (method, path, handler, summary, ok schema, body schema, tag): rows of routes.ROUTES
 RESPONSES_ROUTES = (
     ("POST", "/v1/responses", responses,
-     "OpenAI Responses API (input items, function tools; typed SSE events with stream: true); nothing stored",
-     None, None, "openai"),
+     "OpenAI Responses API (input items, function tools, previous_response_id; typed SSE events with stream: "
+     "true)", None, None, "openai"),
+    ("GET", "/v1/responses/{response_id}", retrieve, "A stored Response", None, None, "openai"),
+    ("GET", "/v1/responses/{response_id}/input_items", input_items, "The conversation a stored Response "
+     "answered, as input items", None, None, "openai"),
+    ("DELETE", "/v1/responses/{response_id}", delete, "Forget a stored Response", None, None, "openai"),
 )

@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from edge_runtime.server.config import ServerConfig
+from edge_runtime.server.responses_store import ResponseStore
 from edge_runtime.serving.dataplane import DataPlane
 from edge_runtime.serving.repository import ModelRepository
 from edge_runtime.serving.shared_memory import SharedMemoryRegions
@@ -27,6 +28,7 @@ class ServerState:
     registry: CollectorRegistry
     regions: SharedMemoryRegions = field(default_factory=SharedMemoryRegions)
     ready: bool = False
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0))  # the Responses API's store
     grpc_port: int | None = None  # where the gRPC service listens, once started
     grpc_stop: Callable[[], Awaitable[None]] | None = None  # stops it (new calls refused, in-flight drained)
     grpc_stopping: "asyncio.Future[None] | None" = None  # that stop, once shutdown began

@@ -203,7 +203,8 @@ def test_a_screenshot_as_input_image_equals_the_chat_image(client: Any) -> None:
 
 
 @pytest.mark.parametrize("fields,named", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"store": "yes"}, "'store' must be true or false"),
     ({"tools": [{"type": "web_search"}]}, "only function tools"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
@@ -229,3 +230,101 @@ def test_chat_takes_the_responses_part_types_as_vllm_does(client: Any) -> None:
         {"type": "input_text", "text": "What should I tap?"}, {"type": "input_image", "image_url": url}]}])
     assert responses_style.choices[0].message.content == standard.choices[0].message.content
     assert responses_style.usage.prompt_tokens == standard.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_previous_response_id_continues_the_stored_conversation(client: Any, stream: bool) -> None:
+    """The second turn names the first instead of resending it: the answer of the chat request holding
+    the whole conversation (the first turn's user message, its answer, the new message)."""
+    if stream:  # stored at its terminal event (here response.incomplete: max_output_tokens cut it)
+        events = list(client.responses.create(model="chat", input=ASK, max_output_tokens=8, temperature=0,
+                                              stream=True))
+        first = events[-1].response
+        assert events[-1].type in ("response.completed", "response.incomplete")
+    else:
+        first = client.responses.create(model="chat", input=ASK, max_output_tokens=8, temperature=0)
+    assert first.store is True and first.output_text
+    follow = "and then scroll down"
+    second = client.responses.create(model="chat", previous_response_id=first.id, input=follow,
+                                     max_output_tokens=8, temperature=0)
+    chat = _chat(client, "chat", [{"role": "user", "content": ASK},
+                                  {"role": "assistant", "content": first.output_text},
+                                  {"role": "user", "content": follow}], max_tokens=8)
+    assert second.output_text == chat.choices[0].message.content
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert second.previous_response_id == first.id
+    # a chain needs only its last link
+    third = client.responses.create(model="chat", previous_response_id=second.id, input="ok", max_output_tokens=4,
+                                    temperature=0)
+    chat = _chat(client, "chat", [{"role": "user", "content": ASK},
+                                  {"role": "assistant", "content": first.output_text},
+                                  {"role": "user", "content": follow},
+                                  {"role": "assistant", "content": second.output_text},
+                                  {"role": "user", "content": "ok"}], max_tokens=4)
+    assert third.output_text == chat.choices[0].message.content
+
+
+def test_a_tool_round_trip_through_previous_response_id(client: Any) -> None:
+    """The agent's loop without resending: the model's call, then only the call's output."""
+    first = client.responses.create(model="hermes", tools=[TAP], tool_choice="required", input=ASK,
+                                    max_output_tokens=60, temperature=0)
+    call = next(item for item in first.output if item.type == "function_call")
+    second = client.responses.create(model="hermes", tools=[TAP], previous_response_id=first.id,
+                                     max_output_tokens=16, temperature=0,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id,
+                                             "output": "tapped"}])
+    chat = _chat(client, "hermes", [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "tapped"}], tools=[CHAT_TAP])
+    assert second.output_text == (chat.choices[0].message.content or "")
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_stored_responses_are_retrieved_listed_and_deleted(client: Any) -> None:
+    import openai
+
+    first = client.responses.create(model="chat", input=ASK, max_output_tokens=6, temperature=0,
+                                    instructions=SYSTEM)
+    second = client.responses.create(model="chat", previous_response_id=first.id, input="next",
+                                     max_output_tokens=6, temperature=0)
+    again = client.responses.retrieve(first.id)
+    assert (again.id, again.output_text, again.status) == (first.id, first.output_text, first.status)
+    items = list(client.responses.input_items.list(second.id, order="asc"))
+    assert [getattr(item, "role", None) for item in items] == ["user", "assistant", "user"]  # no instructions
+    assert all(item.id for item in items)
+    assert client.responses.delete(first.id) is None
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.responses.create(model="chat", previous_response_id=first.id, input="x", max_output_tokens=2)
+    assert client.responses.retrieve(second.id).previous_response_id == first.id  # its own record is whole
+    unstored = client.responses.create(model="chat", input=ASK, max_output_tokens=2, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_the_store_keeps_the_most_recent_within_its_budget() -> None:
+    from edge_runtime.server.errors import ResponseNotFoundError
+    from edge_runtime.server.responses_store import ResponseStore
+
+    def response(name: str, size: int) -> dict[str, Any]:
+        return {"id": name, "output": [{"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "x" * size}]}]}
+
+    store = ResponseStore(3000)
+    for name in ("a", "b", "c"):
+        assert store.put(response(name, 700), [{"type": "message", "role": "user", "content": name}])
+    store.get("a")  # now the most recent: "b" goes first
+    assert store.put(response("d", 700), [])
+    with pytest.raises(ResponseNotFoundError):
+        store.get("b")
+    assert {store.get(n).response["id"] for n in ("a", "c", "d")} == {"a", "c", "d"}
+    assert store.stats()["bytes"] <= 3000
+    assert not store.put(response("huge", 5000), [])  # alone over the budget: not kept, nothing evicted
+    assert store.stats()["entries"] == 3
+    assert store.get("a").conversation[-1]["content"][0]["text"] == "x" * 700  # input, then output items
+    with pytest.raises(ResponseNotFoundError, match="stores no responses"):
+        ResponseStore(0).get("a")

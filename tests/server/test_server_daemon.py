@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import aiohttp
 import numpy as np
@@ -59,6 +59,18 @@ async def wait_ready(session: aiohttp.ClientSession, base: str, process: subproc
     raise AssertionError("server not ready within 120 s")
 
 
+async def all_accepted(session: aiohttp.ClientSession, base: str, in_flight: list[Any]) -> None:
+    """Wait until every request is queued, running (one) or answered, and several still wait: only
+    requests the server has accepted are promised a drain."""
+    deadline = time.monotonic() + 60
+    while True:
+        queued, answered = await pending(session, base), sum(t.done() for t in in_flight)
+        if queued + answered + 1 >= len(in_flight) and queued >= 2:
+            return
+        assert time.monotonic() < deadline, f"requests never queued up ({queued} queued, {answered} done)"
+        await asyncio.sleep(0.01)
+
+
 async def pending(session: aiohttp.ClientSession, base: str) -> float:
     async with session.get(f"{base}/metrics") as response:
         text = await response.text()
@@ -89,15 +101,7 @@ async def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path: Path) -> 
                             response.headers.get("Inference-Header-Content-Length"))
 
             in_flight = [asyncio.ensure_future(infer(i)) for i in range(REQUESTS)]
-            deadline = time.monotonic() + 60
-            # Wait until every request is queued, running (one) or answered, and several still wait:
-            # only requests the server has accepted are promised a drain.
-            while True:
-                queued, answered = await pending(session, base), sum(t.done() for t in in_flight)
-                if queued + answered + 1 >= REQUESTS and queued >= 2:
-                    break
-                assert time.monotonic() < deadline, f"requests never queued up ({queued} queued, {answered} done)"
-                await asyncio.sleep(0.01)
+            await all_accepted(session, base, in_flight)
             process.send_signal(signal.SIGTERM)
             refused_while_draining = False
             for _ in range(200):
@@ -149,13 +153,7 @@ async def test_sigterm_drains_in_flight_grpc_calls_and_refuses_new_ones(tmp_path
                 return (await client.infer("mobilenet", [item])).as_numpy("probabilities")
 
             in_flight = [asyncio.ensure_future(infer(i)) for i in range(REQUESTS)]
-            deadline = time.monotonic() + 60
-            while True:  # every call accepted (queued, running or answered) and several waiting
-                queued, answered = await pending(session, base), sum(t.done() for t in in_flight)
-                if queued + answered + 1 >= REQUESTS and queued >= 2:
-                    break
-                assert time.monotonic() < deadline, f"calls never queued up ({queued} queued, {answered} done)"
-                await asyncio.sleep(0.01)
+            await all_accepted(session, base, in_flight)
             process.send_signal(signal.SIGTERM)
             refused_while_draining = False
             for _ in range(500):
