@@ -68,18 +68,22 @@ async def test_a_stale_decision_that_forces_the_liar_in_is_abandoned_live(tmp_pa
     from edge_runtime.scheduler.factory import scheduler_for
 
     rt, slow = lying_runtime(tmp_path / "cache", monkeypatch)
-    shapes = {"x": (8, 4, 8, 8)}
+    # Rows enough that a run takes milliseconds: a candidate probed now and then can pay a sleeping
+    # pool's wake-up (up to ~2 ms here) even on its second, timed run, which on 8 rows (~0.1 ms a run)
+    # made the 3x slower liar look the faster side in a third to a half of runs on this Intel host.
+    rows = 128
+    shapes = {"x": (rows, 4, 8, 8)}
     key = decision_key(rt, onnx.load(str(model_path)), shapes, rt.compile_options())
     (tmp_path / "cache").mkdir(exist_ok=True)
     (tmp_path / "cache" / CACHE_FILE).write_text(json.dumps({key: {  # written under other conditions
-        "winner": "gpu", "kind": "plan", "reason": "stale", "shapes": {"x": [8, 4, 8, 8]},
+        "winner": "gpu", "kind": "plan", "reason": "stale", "shapes": {"x": [rows, 4, 8, 8]},
         "candidates": [{"name": "gpu", "kind": "plan", "backends": ["liar"], "est_ms": 0.1, "measured_ms": 0.1},
                        {"name": "cpu", "kind": "plan", "backends": ["cpu"], "est_ms": 1.0, "measured_ms": 0.5}]}}))
     model = rt.load(model_path, input_shapes=shapes)
     assert model.backend == "liar" and model.report.decision.where == "cache"
     sched = scheduler_for(model, model_config({}), rt, None)  # the default configuration: fixed on auto
     assert set(sched.plans) == {"liar", "cpu"} and sched.recheck is not None
-    feeds = feeds_for(skip_dag(), 8)
+    feeds = feeds_for(skip_dag(), rows)
     want = ort_outputs(skip_dag(), feeds)
     ran = []
     with caplog.at_level(logging.INFO, logger="edge_runtime.scheduler.recheck"):
