@@ -27,7 +27,7 @@ from edge_runtime.errors import InvalidInputError
 # Request fields passed to the chat body as they are: OpenAI's own and vLLM's sampling extras.
 PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "stop", "top_k", "min_p",
           "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "ignore_eos",
-          "structured_outputs", "chat_template_kwargs", "include_reasoning", "top_logprobs")
+          "structured_outputs", "chat_template_kwargs", "include_reasoning", "top_logprobs", "mm_processor_kwargs")
 STATEFUL = {"previous_response_id": "the server resolves it before the chat body is made",
             "conversation": "this server keeps no conversations: send the whole conversation in 'input'",
             "background": "background responses are not supported: use stream, or wait for the answer"}

@@ -200,6 +200,16 @@ def test_a_screenshot_as_input_image_equals_the_chat_image(client: Any) -> None:
                                      {"type": "input_image", "image_url": url, "detail": "auto"}]}])
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
+    # a request's own image budget (vLLM's mm_processor_kwargs) passes to the chat it becomes
+    budget = {"mm_processor_kwargs": {"max_pixels": 28 * 28 * 4}}
+    small_chat = _chat(client, "agent", [{"role": "user", "content": [
+        {"type": "text", "text": "What should I tap?"}, {"type": "image_url", "image_url": {"url": url}}]}],
+        extra_body=budget)
+    small = client.responses.create(model="agent", max_output_tokens=16, temperature=0, extra_body=budget, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What should I tap?"},
+                                     {"type": "input_image", "image_url": url, "detail": "auto"}]}])
+    assert small.usage.input_tokens == small_chat.usage.prompt_tokens < response.usage.input_tokens
+    assert small.output_text == small_chat.choices[0].message.content
 
 
 @pytest.mark.parametrize("fields,named", [
