@@ -313,3 +313,26 @@ def test_grpc_port_settings_are_checked() -> None:
     assert load_settings(env={}).server.grpc_port is None
     with pytest.raises(ConfigError, match="grpc_port must be in 0..65535, got 70000"):
         ServerConfig(grpc_port=70000)
+
+
+def test_a_lazily_loaded_model_loads_on_its_first_grpc_call(tmp_path: Path, runtime: Any, repo: Path) -> None:
+    """``[memory] lazy_load``: the model is not served until a request names it, over gRPC as over HTTP."""
+    from edge_runtime.memory_budget import MemoryConfig
+    from edge_runtime.server.app import create_app
+    from edge_runtime.server.config import ServerConfig
+    from edge_runtime.serving.repository import ModelRepository
+
+    root = Path(shutil.copytree(repo, tmp_path / "repository"))
+    server = LiveServer(create_app(ServerConfig(port=0, grpc_port=0), ModelRepository(
+        root, runtime, memory=MemoryConfig(lazy_load=True)))).start()
+    try:
+        client = tgrpc.InferenceServerClient(_grpc_url(server))
+        assert not client.is_model_ready("mlp")  # not loaded yet
+        x = np.random.default_rng(12).standard_normal((2, 64)).astype(np.float32)
+        got = client.infer("mlp", _grpc_inputs({"input": x}), model_version="1").as_numpy("logits")
+        np.testing.assert_allclose(got, ort_run(repo / "mlp" / "1" / "model.onnx", {"input": x})["logits"],
+                                   rtol=1e-5, atol=1e-6)
+        assert client.is_model_ready("mlp")
+        client.close()
+    finally:
+        server.stop()
