@@ -46,7 +46,7 @@ async def _target(request: web.Request) -> Any:
 async def generate(request: web.Request) -> web.Response:
     parsed = _parse(request, await json_object(request))
     loaded = await _target(request)
-    chunks = loaded.dispatcher.stream_completion(parsed)
+    chunks = await loaded.dispatcher.stream_completion(parsed)
 
     async def collect() -> str:
         return "".join([chunk.text async for chunk in chunks])
@@ -68,7 +68,7 @@ async def generate(request: web.Request) -> web.Response:
 async def generate_stream(request: web.Request) -> web.StreamResponse:
     parsed = _parse(request, await json_object(request))
     loaded = await _target(request)
-    chunks = loaded.dispatcher.stream_completion(parsed)
+    chunks = await loaded.dispatcher.stream_completion(parsed)
     first = await anext(chunks)  # admission errors answer with their status, before the stream starts
 
     async def events() -> AsyncIterator[dict[str, Any]]:

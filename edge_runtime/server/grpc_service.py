@@ -180,7 +180,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if not streaming:
             raise InvalidInputError("input 'stream' is true: stream with ModelStreamInfer, or send stream false")
         empty_final = decoded.parameters.get("triton_enable_empty_final_response") is True
-        chunks = open_stream(target, text)
+        chunks = await open_stream(target, text)
         try:
             async for chunk in chunks:
                 last = chunk.finish_reason is not None

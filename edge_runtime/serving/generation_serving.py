@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
@@ -132,10 +133,33 @@ class GenerationDispatcher:
         """
         return BusyStream(self._chunks(prepared, params, request), self.hold() if release is None else release)
 
-    def stream_completion(self, parsed: Any) -> BusyStream:
+    async def stream_completion(self, parsed: Any) -> BusyStream:
         """A plain completion (a parsed ``/v1/completions`` body: Triton's generate extension, the text
-        tensors of ``text_tensors``) prepared and streamed as ``stream`` does."""
-        return self.stream(self.model.prepare(prompt=parsed.prompt), parsed.params, parsed)
+        tensors of ``text_tensors``) prepared and streamed as ``stream`` does, its constraint
+        (``structured_outputs``, ``response_format``) compiled first — off the event loop when the
+        grammar is new, the model held busy meanwhile — so it is honoured, never silently dropped."""
+        from edge_runtime.generation.structured import compiles_anew, resolve
+
+        structured, params, release = parsed.structured, parsed.params, None
+        if structured.guide is not None:
+            grammars = getattr(self.model, "grammars", None)
+            parser = getattr(self.model, "tool_parser", "json")
+            if compiles_anew(structured, grammars, parser):
+                release = self.hold()
+                try:
+                    params = await asyncio.to_thread(resolve, structured, params, grammars, parser)
+                except BaseException:
+                    release()
+                    raise
+            else:
+                params = resolve(structured, params, grammars, parser)
+        try:
+            return self.stream(self.model.prepare(prompt=parsed.prompt), params, replace(parsed, params=params),
+                               release=release)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
 
     def stream_deferred(self, prepare: Callable[[], Awaitable["PreparedPrompt"]], estimate: "PromptEstimate",
                         params: "SamplingParams", request: Any, release: Callable[[], None]) -> BusyStream:

@@ -90,17 +90,17 @@ def is_text_generator(target: Any) -> bool:
     return isinstance(target.dispatcher, GenerationDispatcher)
 
 
-def open_stream(target: Any, request: TextRequest) -> Any:
+async def open_stream(target: Any, request: TextRequest) -> Any:
     """The chunks of ``request`` on the generative version ``target`` (a ``BusyStream``: close it when
     not read to the end)."""
     from edge_runtime.generation.openai_params import parse_completion
 
-    return target.dispatcher.stream_completion(parse_completion(request.body))
+    return await target.dispatcher.stream_completion(parse_completion(request.body))
 
 
 async def whole_answer(target: Any, request: TextRequest) -> tuple[str, str | None]:
     """(``text_output``, finish reason) of an unstreamed request: the prompt first unless excluded."""
-    chunks = open_stream(target, request)
+    chunks = await open_stream(target, request)
     texts, reason = [], None
     try:
         async for chunk in chunks:

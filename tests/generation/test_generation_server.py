@@ -370,6 +370,28 @@ def test_triton_generate_and_generate_stream(server: LiveServer) -> None:
     assert status == 400 and "text_input" in json.loads(text)["error"]
 
 
+def test_triton_generate_honours_a_constraint(server: LiveServer) -> None:
+    """``structured_outputs`` / ``response_format`` on Triton's generate routes constrain the text as on
+    ``/v1/completions`` (they were once parsed and then dropped: free text, silently). Oracle: the
+    embedded API with the same constraint."""
+    choice = {"structured_outputs": {"choice": ["tap the home button", "scroll down", "go back"]}}
+    expected = local_model(server).generate("the agent taps", max_tokens=12, **choice).text
+    assert expected in choice["structured_outputs"]["choice"]
+    status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate", {
+        "text_input": "the agent taps", "parameters": {"max_tokens": 12, "temperature": 0, **choice}}))
+    assert status == 200 and json.loads(text)["text_output"] == expected
+    regex = {"structured_outputs": {"regex": "[0-9]{3}"}}
+    status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate_stream", {
+        "text_input": "the agent taps", "max_tokens": 12, "temperature": 0, **regex}))
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    streamed = "".join(e["text_output"] for e in events)
+    assert status == 200 and streamed == local_model(server).generate("the agent taps", max_tokens=12, **regex).text
+    assert len(streamed) == 3 and streamed.isdigit()
+    status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate", {
+        "text_input": "x", "structured_outputs": {"regex": "("}}))
+    assert status == 400 and "regex" in text
+
+
 def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> None:
     expected = local_model(server).generate(messages=MESSAGES, max_tokens=10).text
     status, text, headers = asyncio.run(_post(server, "/v1/chat/completions", {

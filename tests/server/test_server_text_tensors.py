@@ -119,6 +119,30 @@ def test_a_whole_answer_over_grpc_and_http_equals_the_embedded_api(grpc: Any, se
         http.close()
 
 
+def test_sampling_parameters_carry_a_constraint(grpc: Any, server: LiveServer) -> None:
+    """vLLM's ``structured_outputs`` inside ``sampling_parameters``: the answer the embedded API gives under
+    the same constraint, streamed or whole."""
+    options = ["tap the home button", "scroll down", "go back"]
+    sampling = {"max_tokens": 12, "temperature": 0, "structured_outputs": {"choice": options}}
+    expected = _model(server).generate(PROMPT, max_tokens=12, structured_outputs={"choice": options}).text
+    assert expected in options
+    assert _text(grpc.infer("chat", _inputs(tgrpc, PROMPT, sampling=sampling, exclude=True))) == expected
+    answers: queue.Queue = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        grpc.async_stream_infer("chat", _inputs(tgrpc, PROMPT, stream=True, sampling=sampling))
+        pieces = []
+        while True:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            pieces.append(_text(result))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        grpc.stop_stream()
+    assert "".join(pieces) == expected
+
+
 def test_a_stream_sends_each_chunk_and_flags_the_last(grpc: Any, server: LiveServer) -> None:
     expected = _model(server).generate(PROMPT, max_tokens=12, temperature=0).text
     for empty_final in (False, True):
