@@ -140,6 +140,13 @@ class GenerationDispatcher:
         grammar is new, the model held busy meanwhile — so it is honoured, never silently dropped."""
         from edge_runtime.generation.structured import compiles_anew, resolve
 
+        # what a completion can ask for but one text answer cannot carry: a 400, never dropped silently
+        unsupported = [name for name, asked in (("n", parsed.n != 1), ("echo", parsed.echo),
+                                                 ("logprobs", parsed.params.logprobs),
+                                                 ("prompt_logprobs", parsed.params.prompt_logprobs is not None))
+                       if asked]
+        if unsupported:
+            raise InvalidInputError(f"{unsupported} cannot be answered as one text output: call POST /v1/completions")
         structured, params, release = parsed.structured, parsed.params, None
         if structured.guide is not None:
             grammars = getattr(self.model, "grammars", None)
@@ -154,8 +161,10 @@ class GenerationDispatcher:
             else:
                 params = resolve(structured, params, grammars, parser)
         try:
-            return self.stream(self.model.prepare(prompt=parsed.prompt), params, replace(parsed, params=params),
-                               release=release)
+            prepared = self.model.prepare(prompt=parsed.prompt)
+            if parsed.truncate is not None:
+                prepared = self.model.truncated(prepared, parsed.truncate)
+            return self.stream(prepared, params, replace(parsed, params=params), release=release)
         except BaseException:
             if release is not None:
                 release()

@@ -390,6 +390,15 @@ def test_triton_generate_honours_a_constraint(server: LiveServer) -> None:
     status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate", {
         "text_input": "x", "structured_outputs": {"regex": "("}}))
     assert status == 400 and "regex" in text
+    for field in ({"n": 2}, {"echo": True}, {"logprobs": 2}, {"prompt_logprobs": 1}):
+        status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate", {"text_input": "x", **field}))
+        assert status == 400 and "cannot be answered as one text output" in text, (field, text)
+    # vLLM's truncate_prompt_tokens is honoured: the prompt's last tokens only
+    long_prompt = "the agent taps " * 20
+    kept = local_model(server).tokenizer.encode_prompt(long_prompt)[-8:]
+    status, text, _ = asyncio.run(_post(server, "/v2/models/chat/generate", {
+        "text_input": long_prompt, "max_tokens": 6, "temperature": 0, "truncate_prompt_tokens": 8}))
+    assert status == 200 and json.loads(text)["text_output"] == local_model(server).generate(kept, max_tokens=6).text
 
 
 def test_async_request_is_polled_through_the_task_api(server: LiveServer) -> None:
