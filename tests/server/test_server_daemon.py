@@ -129,8 +129,6 @@ async def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path: Path) -> 
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
 
 
-
-@pytest.mark.aarch64
 async def test_sigterm_drains_in_flight_grpc_calls_and_refuses_new_ones(tmp_path: Path) -> None:
     """gRPC beside HTTP drains as HTTP does: calls in flight at SIGTERM are answered, a new call is
     refused (the service stops taking calls at once), and the daemon exits 0."""
@@ -173,6 +171,7 @@ async def test_sigterm_drains_in_flight_grpc_calls_and_refuses_new_ones(tmp_path
     assert len(results) == REQUESTS and "Traceback" not in stderr
 
 
+@pytest.mark.aarch64
 def test_the_daemon_process_answers_tritonclient_like_onnxruntime(tmp_path: Path) -> None:
     """``edge-runtime serve`` as a process, the reference client, small inputs (runs emulated too)."""
     import tritonclient.http as triton
