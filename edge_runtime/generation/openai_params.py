@@ -135,10 +135,25 @@ def _sampling(body: Mapping[str, Any], chat: bool) -> SamplingParams:
 UNSUPPORTED_VLLM_FIELDS = {"use_beam_search": False, "length_penalty": 1.0}
 
 
+# OpenAI fields whose meaning this server cannot honour: a 400 saying what to send instead, never ignored
+UNHONOURED_OPENAI_FIELDS = {
+    "functions": "OpenAI's deprecated function calling is not supported: send 'tools' (and 'tool_choice')",
+    "function_call": "OpenAI's deprecated function calling is not supported: send 'tool_choice' with 'tools'",
+    "audio": "audio output is not supported: this server answers text",
+    "web_search_options": "web search is not available on this server",
+}
+
+
 def _refuse_unsupported(body: Mapping[str, Any], n: int) -> None:
     for key, off in UNSUPPORTED_VLLM_FIELDS.items():
         if body.get(key, off) not in (off, None):
             raise InvalidInputError(f"'{key}' is not supported by this server (got {body[key]!r})"[:300])
+    for key, why in UNHONOURED_OPENAI_FIELDS.items():
+        if body.get(key) is not None:
+            raise InvalidInputError(f"'{key}': {why}")
+    modalities = body.get("modalities")
+    if modalities is not None and (not isinstance(modalities, list) or set(modalities) - {"text"}):
+        raise InvalidInputError(f"'modalities' may only ask for text output here, got {modalities!r}"[:300])
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise InvalidInputError(f"'best_of' is not supported: give 'n' choices instead (got best_of {best_of!r}, "

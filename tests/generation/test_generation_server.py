@@ -233,6 +233,13 @@ def test_openai_shaped_errors(client: Any) -> None:
          "'use_beam_search' is not supported by this server (got True)"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"best_of": 3}),
          "'best_of' is not supported: give 'n' choices instead (got best_of 3, n 1)"),
+        # OpenAI fields whose meaning cannot be honoured here: named, never ignored
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, functions=[
+            {"name": "tap", "parameters": {"type": "object"}}]), "'functions': OpenAI's deprecated function calling"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, modalities=["text", "audio"]),
+         "'modalities' may only ask for text output here"),
+        (openai.BadRequestError, dict(model="chat", messages=MESSAGES, web_search_options={}),
+         "'web_search_options': web search is not available"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"skip_special_tokens": "no"}),
          "'skip_special_tokens' must be true or false, got 'no'"),
         (openai.BadRequestError, dict(model="chat", messages=MESSAGES, extra_body={"continue_final_message": True}),
