@@ -32,7 +32,21 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--mm-processor-kwargs", type=_json_object, default=None, metavar="JSON",
+                        help="the images' budget, as vLLM's field: '{\"max_pixels\": 200704}' (Qwen, GLM) or "
+                             "'{\"size\": {\"longest_edge\": 1024}}' (SmolVLM); within the model's [vision] budget")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text, usage, timings)")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """An ``argparse`` type: a JSON object (a usage error otherwise)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _messages(path: Path) -> list[dict[str, Any]]:
@@ -66,6 +80,8 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                   "seed": args.seed, "stop": args.stop or None}
+        if args.mm_processor_kwargs is not None:
+            params["mm_processor_kwargs"] = args.mm_processor_kwargs
         images = [path.expanduser() for path in args.image]
         if args.messages:
             kwargs: dict[str, Any] = {"messages": with_images(_messages(args.messages), images)}

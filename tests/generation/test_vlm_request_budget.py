@@ -154,3 +154,30 @@ def _chat(kwargs):
     from edge_runtime.generation.chat import ChatOptions
 
     return ChatOptions(processor_kwargs=kwargs)
+
+
+def test_the_generate_command_takes_a_budget(models, tmp_path: Path) -> None:
+    """``edge-runtime generate --mm-processor-kwargs`` as a process: the embedded API's answer under the
+    same arguments; a malformed value is a usage error."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    default, _, kwargs = models
+    image = tmp_path / "screen.png"
+    _screen(6).save(image)
+    expected = default.generate(prompt="Describe:", images=[image], max_tokens=6, mm_processor_kwargs=kwargs)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "EDGE_RUNTIME_CACHE": str(tmp_path), "PYTHONPATH": str(root), "EDGE_RUNTIME_THREADS": "1"}
+    command = [sys.executable, "-m", "edge_runtime", "generate", str(default.path), "--prompt", "Describe:",
+               "--image", str(image), "--max-tokens", "6", "--json"]
+    run = subprocess.run([*command, "--mm-processor-kwargs", json.dumps(kwargs)], capture_output=True, text=True,
+                         env=env, timeout=240)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["token_ids"] == list(expected.token_ids)
+    assert report["usage"]["prompt_tokens"] == expected.usage.prompt_tokens
+    bad = subprocess.run([*command, "--mm-processor-kwargs", "[1]"], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert bad.returncode == 2 and "expected a JSON object" in bad.stderr
