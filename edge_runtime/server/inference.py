@@ -88,11 +88,11 @@ async def execute(plane: DataPlane, call: WireInference,
     """
     try:
         outcome = await plane.run(call.prepared)
-        encode = (outcome.model, str(outcome.version), call.request, outcome.outputs, outcome.parameters,
-                  call.lease)
         try:
             if encoder is not None:
                 return encoder(outcome, call.request, call.lease)
+            encode = (outcome.model, str(outcome.version), call.request, outcome.outputs, outcome.parameters,
+                      call.lease)
             if _json_bytes(call.request, outcome.outputs) > OFF_LOOP_BYTES:
                 return await asyncio.to_thread(encode_response, *encode)
             return encode_response(*encode)

@@ -34,7 +34,6 @@ from aiohttp import web
 from edge_runtime.errors import EdgeRuntimeError, InvalidInputError, ModelNotFoundError
 from edge_runtime.generation import reasoning, tool_parsers
 from edge_runtime.generation.openai_params import OpenAIRequest, parse_chat, parse_completion
-from edge_runtime.generation.structured import compiles_anew, resolve
 from edge_runtime.generation.tool_stream import ToolStream
 from edge_runtime.protocol.codec import EncodedResponse
 from edge_runtime.server.errors import error_headers, mapping_of, openai_error_body, public_message
@@ -290,23 +289,10 @@ async def answer_with(request: web.Request, parsed: OpenAIRequest,
     structured = parsed.structured
     release = None  # set once the model is held busy before its stream exists
     if (structured.guide is not None or structured.parses_tools) and not (parsed.images and not multimodal):
-        # compiled (cached per grammar) before the request is queued: a bad schema is a 400 before any token
-        grammars = getattr(loaded.model, "grammars", None)
-        parser = getattr(loaded.model, "tool_parser", "json")
+        # compiled (cached per grammar) before the request is queued: a bad schema is a 400 before any token;
         # a thinking model's grammar holds after its reasoning (vLLM's structured output with a reasoning parser)
         after = loaded.model.reasoning_start(parsed.chat) if answer.thinks else ""
-        if compiles_anew(structured, grammars, parser, after):
-            # A new grammar (and, the first time, llguidance's tokenizer) takes milliseconds to seconds
-            # for a large schema: on a thread, so other requests' tokens keep flowing; the model is
-            # held busy meanwhile, as a VLM's image work holds it below.
-            release = loaded.dispatcher.hold()
-            try:
-                params = await asyncio.to_thread(resolve, structured, parsed.params, grammars, parser, after)
-            except BaseException:
-                release()
-                raise
-        else:
-            params = resolve(structured, parsed.params, grammars, parser, after)
+        params, release = await loaded.dispatcher.constrained(structured, parsed.params, after)
         parsed = replace(parsed, params=params)
     try:
         return await _route(request, parsed, loaded, answer, multimodal, release)

@@ -138,8 +138,6 @@ class GenerationDispatcher:
         tensors of ``text_tensors``) prepared and streamed as ``stream`` does, its constraint
         (``structured_outputs``, ``response_format``) compiled first — off the event loop when the
         grammar is new, the model held busy meanwhile — so it is honoured, never silently dropped."""
-        from edge_runtime.generation.structured import compiles_anew, resolve
-
         # what a completion can ask for but one text answer cannot carry: a 400, never dropped silently
         unsupported = [name for name, asked in (("n", parsed.n != 1), ("echo", parsed.echo),
                                                  ("logprobs", parsed.params.logprobs),
@@ -147,19 +145,9 @@ class GenerationDispatcher:
                        if asked]
         if unsupported:
             raise InvalidInputError(f"{unsupported} cannot be answered as one text output: call POST /v1/completions")
-        structured, params, release = parsed.structured, parsed.params, None
-        if structured.guide is not None:
-            grammars = getattr(self.model, "grammars", None)
-            parser = getattr(self.model, "tool_parser", "json")
-            if compiles_anew(structured, grammars, parser):
-                release = self.hold()
-                try:
-                    params = await asyncio.to_thread(resolve, structured, params, grammars, parser)
-                except BaseException:
-                    release()
-                    raise
-            else:
-                params = resolve(structured, params, grammars, parser)
+        params, release = parsed.params, None
+        if parsed.structured.guide is not None:
+            params, release = await self.constrained(parsed.structured, params)
         try:
             prepared = self.model.prepare(prompt=parsed.prompt)
             if parsed.truncate is not None:
@@ -168,6 +156,26 @@ class GenerationDispatcher:
         except BaseException:
             if release is not None:
                 release()
+            raise
+
+    async def constrained(self, structured: Any, params: "SamplingParams",
+                          after_reasoning: str = "") -> tuple["SamplingParams", Callable[[], None] | None]:
+        """(``params`` with the request's constraint and tool grammars compiled, the model's busy-hold release
+        or None). A new grammar (and, the first time, llguidance's tokenizer) takes milliseconds to seconds
+        for a large schema: it compiles on a thread, so other requests' tokens keep flowing, with the model
+        held busy meanwhile (hand the release to ``stream``); a cached one costs nothing. InvalidInputError
+        when a grammar does not compile or the model cannot constrain."""
+        from edge_runtime.generation.structured import compiles_anew, resolve
+
+        grammars = getattr(self.model, "grammars", None)
+        parser = getattr(self.model, "tool_parser", "json")
+        if not compiles_anew(structured, grammars, parser, after_reasoning):
+            return resolve(structured, params, grammars, parser, after_reasoning), None
+        release = self.hold()
+        try:
+            return await asyncio.to_thread(resolve, structured, params, grammars, parser, after_reasoning), release
+        except BaseException:
+            release()
             raise
 
     def stream_deferred(self, prepare: Callable[[], Awaitable["PreparedPrompt"]], estimate: "PromptEstimate",
