@@ -35,7 +35,10 @@ ORT one request at a time, the batching gain (batched over unbatched), and the d
 CPU share (CPU seconds per wall second from ``/proc/<pid>/stat``, 1.0 = one core) over a
 few idle seconds after warm-up and during its c=16 side. In-process ORT is also timed
 at its best batch (8 and 16 rows per run spinning, 16 without spinning): rows/s of the
-ceiling a batching server could reach in this process. ``spin`` gives each cls daemon's
+ceiling a batching server could reach in this process; and on one-thread sessions (a row alone,
+16 rows in one run, and one session per core side by side, one row each): ``one_thread``'s
+``batching_ceiling`` is ORT's best batch over the side-by-side rows/s, the most batching could add
+over an unbatched server that runs one-thread rows side by side, before any HTTP. ``spin`` gives each cls daemon's
 runs on its spinning session and on its quiet twin (``edge_runtime.spin`` metadata).
 
 Where nghttp2's ``h2load`` is installed (Debian ``nghttp2-client``), every c=16 side on ``cls`` is
@@ -85,6 +88,7 @@ from bench_server_sides import (  # noqa: E402  (needs the path above)
     plot,
     request_body,
     shm_loop,
+    side_by_side_loop,
 )
 from cloud_peer import ServerProcess, free_port  # noqa: E402
 
@@ -178,6 +182,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
     calm = {name: ort.InferenceSession(str(path), quiet, providers=["CPUExecutionProvider"])
             for name, path in paths.items()}
+    # One-thread sessions: a row's cost with no intra-op parallelism, alone and in a batch, and two
+    # of them side by side — what batching can add over a server that runs one-thread rows side by side.
+    single = ort.SessionOptions()
+    single.intra_op_num_threads = 1
+    singles = [ort.InferenceSession(str(paths["cls"]), single, providers=["CPUExecutionProvider"])
+               for _ in range(max(1, os.cpu_count() or 1))]
     # Two daemons, one CPU model each: the cls daemon's RSS is "one CPU model" (the RSS goal's setting).
     # EDGE_RUNTIME_THREADS=0: every usable core, as the in-process session gets.
     env = {"EDGE_RUNTIME_CACHE": str(tmp / "cache"), "EDGE_RUNTIME_THREADS": "0"}
@@ -243,6 +253,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     ("ort_nospin_batch16", lambda: rows_per_s(ort_loop(calm["cls"], {"x": batches[16]},
                                                                        args.duration_s), 16)),
                     ("c1_det_ort_nospin", lambda: ort_loop(calm["det"], {"x": det_x}, args.det_duration_s)),
+                    ("ort_1thread_batch1", lambda: rows_per_s(ort_loop(singles[0], {"x": cls_x},
+                                                                       args.duration_s), 1)),
+                    ("ort_1thread_batch16", lambda: rows_per_s(ort_loop(singles[0], {"x": batches[16]},
+                                                                        args.duration_s), 16)),
+                    ("ort_1thread_side_by_side", lambda: rows_per_s(side_by_side_loop(
+                        singles, {"x": cls_x}, args.duration_s), 1)),
                 ]
                 if kserve:
                     sides.insert(1, ("c16_kserve", lambda: asyncio.run(
@@ -317,6 +333,15 @@ def configurations(result: dict[str, Any], rounds: list[dict[str, Any]],
              "batched_threaded": "c16_edge_batched_threaded", "unbatched_pool": "c16_edge_unbatched_pool"}
     table: dict[str, Any] = {"ort_one_at_a_time_rows_per_s": one_at_a_time,
                              "ort_best_batch_rows_per_s": best_batch["rows_per_s"]}
+    if any("ort_1thread_side_by_side" in r for r in rounds):
+        # The most batching can add over unbatched rows run side by side on one-thread sessions (as
+        # the daemon runs them under load), before any HTTP: ORT's best batch over that, in process.
+        side_by_side = best(rounds, "ort_1thread_side_by_side", "rows_per_s", lower=False)["rows_per_s"]
+        per_row = {rows: round(1e3 / best(rounds, f"ort_1thread_batch{rows}", "rows_per_s", lower=False)["rows_per_s"],
+                               3) for rows in (1, 16)}
+        table["one_thread"] = {"row_ms_batch1": per_row[1], "row_ms_batch16": per_row[16],
+                               "side_by_side_rows_per_s": side_by_side,
+                               "batching_ceiling": round(best_batch["rows_per_s"] / side_by_side, 2)}
     unbatched = best(rounds, "c16_edge_unbatched", "rps", lower=False)["rps"]
     for label, key in sides.items():
         entry = best(rounds, key, "rps", lower=False)

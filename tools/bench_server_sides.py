@@ -127,6 +127,28 @@ def ort_loop(session: Any, feed: Mapping[str, np.ndarray], duration_s: float) ->
     return _stats(latencies, time.monotonic() - started)
 
 
+def side_by_side_loop(sessions: list[Any], feed: Mapping[str, np.ndarray], duration_s: float) -> dict[str, Any]:
+    """One Python thread per session, each running ``feed`` back to back (ONNX Runtime lets go of the
+    GIL inside a run): with one-thread sessions, what an unbatched server running rows side by side
+    could reach in this process, no HTTP."""
+    latencies: list[list[float]] = [[] for _ in sessions]
+    stop_at = time.monotonic() + duration_s
+
+    def loop(session: Any, out: list[float]) -> None:
+        while time.monotonic() < stop_at:
+            begin = time.perf_counter()
+            session.run(None, dict(feed))
+            out.append((time.perf_counter() - begin) * 1e3)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=loop, args=(session, out)) for session, out in zip(sessions, latencies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return _stats([value for out in latencies for value in out], time.monotonic() - started)
+
+
 def shm_loop(url: str, model: str, array: np.ndarray, duration_s: float) -> dict[str, Any]:
     """c=1 through Triton's system shared memory with tritonclient: input and output in regions."""
     import tritonclient.http as triton

@@ -40,9 +40,13 @@ class CostCurve:
         self._per_row: dict[int, float] = {}
         self._runs: dict[int, int] = {}
         for rows, ms in (seed or {}).items():
-            self.observe(rows, ms * rows)
-            if rows in self._runs:
-                self._runs[rows] = max(self._runs[rows], MIN_RUNS)  # measured at load: known at once
+            self.seed(rows, ms)
+
+    def seed(self, rows: int, ms_per_row: float) -> None:
+        """A load-time measurement of ``rows`` rows: known at once."""
+        self.observe(rows, ms_per_row * rows)
+        if rows in self._runs:
+            self._runs[rows] = max(self._runs[rows], MIN_RUNS)
 
     def observe(self, rows: int, compute_ms: float) -> None:
         """A run of ``rows`` rows took ``compute_ms``; sizes outside 1..max_rows and bad times are ignored."""
@@ -70,6 +74,12 @@ class CostCurve:
             return None
         best = min(known.values())
         return min(rows for rows, ms in known.items() if ms <= best * (1.0 + KNEE_MARGIN))
+
+    def best_per_row_ms(self, min_rows: int = 2) -> float | None:
+        """The lowest per-row cost among the known sizes of at least ``min_rows`` rows (None: none known):
+        what batches cost a row at their best."""
+        known = [ms for rows, ms in self._known().items() if rows >= min_rows]
+        return min(known) if known else None
 
     def cap(self) -> int | None:
         """The largest size worth taking, when the known sizes above the best cost clearly more per row."""

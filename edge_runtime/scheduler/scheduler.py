@@ -174,6 +174,8 @@ class ModelScheduler:
         with self._lock:
             self.batching_decision = decision
             self.batching = decision.enabled
+            for rows, ms in decision.cost_ms_per_row:  # the experiment's cost curve (it was dropped)
+                self._sizer.curve.seed(rows, ms)
 
     # -- requests ----------------------------------------------------------------
     @property
@@ -258,11 +260,15 @@ class ModelScheduler:
                 if not worker.has_room(narrowest):
                     self._wait_for(device, worker, narrowest)
                     return None
-                batch = self._collect(head, decision.plan)
-                if batch is None:
-                    return None  # a batch timer is set
                 # Under load when another run is in flight or more requests wait than this one.
-                width = self._width(decision.plan, batch, worker, busy=worker.in_use > 0 or len(self._queue) > 1)
+                busy = worker.in_use > 0 or len(self._queue) > 1
+                if self._beside(head, decision.plan, worker, busy=busy):
+                    batch, width = [head], _Width(1, "single")
+                else:
+                    batch = self._collect(head, decision.plan)
+                    if batch is None:
+                        return None  # a batch timer is set
+                    width = self._width(decision.plan, batch, worker, busy=busy)
                 # Only loops take slots (worker threads give them back), but a wider run than the
                 # narrowest may still not fit: it waits, queued, for the cores it needs.
                 if not worker.try_acquire(width.units):
@@ -290,13 +296,27 @@ class ModelScheduler:
         time: splitting its batches over one-thread runs was measured slower in process (the zoo's
         MobileNet, 0.19 ms a row per core either way: 4,200-5,800 rows/s against 6,100-6,900 on the
         pool; more runs' Python, the GIL contended), and a batch already lets the pool's threads share
-        the rows."""
+        the rows. (Its single rows may instead go beside each other where batches do not pay: ``_beside``.)"""
         if plan_name != self._switch_plan or worker.run_units == 1 or self.batching:
             return _Width(worker.run_units, None)
         plan = self.single_thread.plan_run(batch[0].feeds, throughput=busy)  # unbatched: one request a run
         if not plan.beside:  # all the cores, as a batching model's run: the switch chooses when it starts
             return _Width(worker.run_units, None)
         return _Width(1, plan.session)
+
+    def _beside(self, head: QueuedRequest, plan_name: str, worker: DeviceWorker, *, busy: bool) -> bool:
+        """Under the lock: whether ``head``, one row of a batching model under load, runs alone on the
+        one-thread session beside another run rather than in a batch on every core: where a row on one
+        thread costs less per core than a row of the pool's batches at their best measured size
+        (``SingleThreadSwitch.beside_batches``). Batching pays only where a batch makes a row cheaper;
+        on the PP-OCR classifier (2 cores, in process, ``tools/bench_server.py``'s one-thread sides) a
+        row costs 0.81 ms alone on one thread and 1.15 ms in a 16-row batch there, and two one-thread
+        sessions side by side served 2,398 rows/s against 1,749 for ORT's best batch."""
+        if not (busy and self.batching and plan_name == self._switch_plan and worker.run_units > 1
+                and head.rows == 1):
+            return False
+        batch_row_ms = self._sizer.curve.best_per_row_ms()
+        return batch_row_ms is not None and self.single_thread.beside_batches(head.feeds, batch_row_ms)
 
     def _inline_now(self, batch: list[QueuedRequest], worker: DeviceWorker, units: int) -> bool:
         """Under the lock, ``units`` just taken for ``batch``: whether it runs on the loop (``inline.py``)."""
@@ -410,11 +430,14 @@ class ModelScheduler:
         decision = self._decide(head)
         if self._devices[decision.plan] != worker.device:
             return None
-        batch = self._collect(head, decision.plan, on_loop=False)
-        if batch is None:
-            return None
         # A batch ready the moment a run ends gathered during it: requests come faster than runs end.
-        width = self._width(decision.plan, batch, worker, busy=True)
+        if self._beside(head, decision.plan, worker, busy=True):
+            batch, width = [head], _Width(1, "single")
+        else:
+            batch = self._collect(head, decision.plan, on_loop=False)
+            if batch is None:
+                return None
+            width = self._width(decision.plan, batch, worker, busy=True)
         if width.units > held:
             return None
         self._queue.take(batch)

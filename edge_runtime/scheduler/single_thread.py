@@ -78,7 +78,7 @@ SESSIONS = ("pool", "single")
 class _Key:
     """What is known of one input-shape key: runs seen and EWMA ms per row, per session."""
 
-    __slots__ = ("rows", "seen", "ms_per_row", "fastest", "since_explore")
+    __slots__ = ("rows", "seen", "ms_per_row", "fastest", "since_explore", "since_batch")
 
     def __init__(self, rows: int) -> None:
         self.rows = rows  # rows of each run of this key (the long-run bound is on a run, not a row)
@@ -88,6 +88,7 @@ class _Key:
         # holds its wait for the GIL after ONNX Runtime returns, which inflates the average of short runs.
         self.fastest: dict[str, float] = {}
         self.since_explore = 0
+        self.since_batch = 0  # one-row runs sent beside another instead of into a batch (beside_batches)
 
     def counted(self, session: str) -> int:
         return max(0, self.seen[session] - 1)  # the first run of a key on a session is not counted
@@ -192,6 +193,33 @@ class SingleThreadSwitch:
                 return RunPlan(None, False)
             session = entry.choose(ready, self.pool_threads)
             return RunPlan(session, session == "single")
+
+    def beside_batches(self, shapes: Mapping[str, Any], batch_row_ms: float, *, explore: bool = True) -> bool:
+        """Under load, for a batching model: whether a one-row run of ``shapes`` on the one-thread
+        session, beside another run, costs less per core than the pool's batches at ``batch_row_ms`` a
+        row (their best size, measured: ``CostCurve.best_per_row_ms``). Decided once the one-row key's
+        one-thread runs are measured (until then its short runs go there to be measured); one request
+        in ``EXPLORE_EVERY`` still joins a batch, so the batches' cost is measured again under today's
+        load (``explore`` False: the choice alone, nothing counted)."""
+        if self._runs["single"] is None:
+            return False
+        key, rows = _key_of(shapes)
+        with self._lock:
+            entry = self._keys.get(key)
+            if entry is None or rows != 1 or not entry.short():
+                return False
+            if entry.counted("single") < MIN_RUNS:
+                return True  # measure the one thread first: a short run, bounded by MAX_RUN_MS
+            if (not entry.side_by_side()
+                    or entry.ms_per_row["single"] >= batch_row_ms * self.pool_threads * SIDE_BY_SIDE_MARGIN):
+                return False
+            if not explore:
+                return True
+            entry.since_batch += 1
+            if entry.since_batch >= EXPLORE_EVERY:
+                entry.since_batch = 0
+                return False
+            return True
 
     def bind(self, session: str | None) -> None:
         """This thread's next runs go to ``session`` until bound to None (chosen by the run, as alone).

@@ -1,5 +1,6 @@
 """Under load an unbatched small cpu model's runs go one thread each, side by side, where that is
-measured cheaper per core (``scheduler/single_thread.py``, the cpu worker's slots in cores: ``workers.py``).
+measured cheaper per core (``scheduler/single_thread.py``, the cpu worker's slots in cores: ``workers.py``);
+a batching model's lone rows likewise, where its batches cost more per core than a row alone on one thread.
 
 Decisions are checked with sessions whose cost is set by the test on a per-thread fake clock
 (nothing depends on this machine's speed), while each run also sleeps for real so that runs
@@ -20,6 +21,7 @@ from edge_runtime.scheduler import DeviceWorkers, ModelScheduler, model_config
 from edge_runtime.scheduler.factory import scheduler_for, serving_options
 from edge_runtime.scheduler.plans import CallablePlan
 from edge_runtime.scheduler.single_thread import (
+    EXPLORE_EVERY,
     MIN_RUNS,
     SIDE_BY_SIDE_MARGIN,
     SIDE_BY_SIDE_MIN_MS,
@@ -36,8 +38,11 @@ class _Sessions:
     """A pool session of ``threads`` threads and a one-thread session whose runs cost the given ms per
     row on a per-thread fake clock; records each run's session, rows and the overlap of runs."""
 
-    def __init__(self, pool_ms_per_row: float, single_ms_per_row: float, threads: int = 2) -> None:
+    def __init__(self, pool_ms_per_row: float, single_ms_per_row: float, threads: int = 2, *,
+                 batch_ms_per_row: float | None = None, sleep_by_cost: bool = False) -> None:
         self.cost = {"pool": pool_ms_per_row, "single": single_ms_per_row}
+        self.batch_cost = batch_ms_per_row  # the pool's ms per row in runs of 2 rows or more
+        self.sleep_by_cost = sleep_by_cost  # sleep what the run costs (the scheduler times runs for real)
         self.threads = threads
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -61,8 +66,9 @@ class _Sessions:
                 self.peak_cores = max(self.peak_cores, self.cores_busy)
                 self.peak_single = max(self.peak_single, self._single)
                 self.runs.append((name, rows))
-            time.sleep(REAL_S)
-            self._local.now = self.clock() + self.cost[name] * rows / 1e3
+            per_row = self.batch_cost if name == "pool" and rows > 1 and self.batch_cost else self.cost[name]
+            time.sleep(per_row * rows / 1e3 if self.sleep_by_cost else REAL_S)
+            self._local.now = self.clock() + per_row * rows / 1e3
             with self._lock:
                 self.cores_busy -= cores
                 self._single -= name == "single"
@@ -73,16 +79,23 @@ class _Sessions:
         return SingleThreadSwitch(self.run("pool"), self.run("single"), clock=self.clock, pool_threads=self.threads)
 
 
-def _scheduler(sessions: _Sessions, batching: dict | None = None) -> tuple[ModelScheduler, DeviceWorkers]:
+def _scheduler(sessions: _Sessions, batching: dict | None = None,
+               cost_ms_per_row: dict[int, float] | None = None) -> tuple[ModelScheduler, DeviceWorkers]:
     from backends.base import TensorSpec
+
+    from edge_runtime.scheduler.batch_probe import BatchingDecision
 
     switch = sessions.switch()
     plan = CallablePlan("cpu", ("cpu",), switch)
     workers = DeviceWorkers(cpu_cores=sessions.threads)
     config = model_config({"batching": batching or {"max_batch_size": 0}, "scheduler": {"inline_max_ms": 0}})
     spec = [TensorSpec("input", "float32", ("batch", 4))]
+    decision = None
+    if cost_ms_per_row is not None:  # the load-time experiment's outcome, as the factory passes it
+        decision = BatchingDecision(True, "measured", config.batching.max_batch_size,
+                                    cost_ms_per_row=tuple(sorted(cost_ms_per_row.items())))
     return ModelScheduler("m", spec, {"cpu": plan}, config, outputs=[TensorSpec("output", "float32", ("batch", 4))],
-                          workers=workers, default_plan="cpu", single_thread=switch), workers
+                          workers=workers, default_plan="cpu", single_thread=switch, batching=decision), workers
 
 
 def _x(k: float, rows: int = 1) -> dict[str, np.ndarray]:
@@ -174,22 +187,67 @@ async def test_under_load_one_thread_runs_go_two_at_a_time_on_two_cores_and_neve
     assert sessions.peak_cores == 2  # never a pool run beside another run: the cores are not oversubscribed
 
 
-async def test_a_batching_model_keeps_one_run_at_a_time_on_its_cores() -> None:
-    """Splitting batches over one-thread runs did not pay (``scheduler._width``): a batching model's runs
-    each take every core, on whichever session runs them sooner."""
-    sessions = _Sessions(pool_ms_per_row=0.6, single_ms_per_row=0.9)
-    sched, workers = _scheduler(sessions, {"max_batch_size": 16, "max_queue_delay_us": 100_000})
-    for rows in range(1, 17):  # every batch size measured on both sessions (pool first)
-        for _ in range(2 * (MIN_RUNS + 1)):
-            sched.single_thread(_x(1.0, rows))
+def test_a_batching_models_lone_rows_go_beside_where_its_batches_cost_more_per_core() -> None:
+    """3.0 ms a row on one thread against batches at 2.0 ms a row on two threads (3.4 core-ms with the
+    margin): beside; batches at 1.5 (2.55): batched. Decided once the one thread is measured."""
+    sessions = _Sessions(pool_ms_per_row=2.0, single_ms_per_row=3.0)
+    switch = sessions.switch()
+    one_row = {"input": (1, 4)}
+    assert not switch.beside_batches(one_row, 2.0)  # never seen: batched
+    for _ in range(MIN_RUNS + 1):
+        switch.bind("pool")
+        switch(_x(1.0))
+    switch.bind(None)
+    assert switch.beside_batches(one_row, 2.0, explore=False)  # short on the pool: measure one thread
+    for _ in range(MIN_RUNS + 1):
+        switch.bind("single")
+        switch(_x(1.0))
+    switch.bind(None)
+    assert 3.0 < 2.0 * 2 * SIDE_BY_SIDE_MARGIN and switch.beside_batches(one_row, 2.0, explore=False)
+    assert 3.0 > 1.5 * 2 * SIDE_BY_SIDE_MARGIN and not switch.beside_batches(one_row, 1.5, explore=False)
+    assert not switch.beside_batches({"input": (2, 4)}, 2.0)  # a request of two rows joins batches
+    choices = [switch.beside_batches(one_row, 2.0) for _ in range(EXPLORE_EVERY)]
+    assert choices.count(False) == 1 and not choices[-1]  # one in EXPLORE_EVERY is batched, to measure batches
+
+
+async def _burst_on_batching_model(batch_ms_per_row: float) -> _Sessions:
+    """A batching model (one thread: 3.0 ms a row; the pool 2.0 alone) whose cost curve was measured at
+    load with ``batch_ms_per_row`` for batches, its one-row runs measured on both sessions, then 48
+    requests at once; every answer checked."""
+    sessions = _Sessions(pool_ms_per_row=2.0, single_ms_per_row=3.0, batch_ms_per_row=batch_ms_per_row,
+                         sleep_by_cost=True)
+    curve = {1: 2.0, **{rows: batch_ms_per_row for rows in (2, 4, 8, 16)}}
+    sched, workers = _scheduler(sessions, {"max_batch_size": 16, "max_queue_delay_us": 2_000}, curve)
+    for session in ("pool", "single"):
+        for _ in range(MIN_RUNS + 1):
+            sched.single_thread.bind(session)
+            sched.single_thread(_x(1.0))
+    sched.single_thread.bind(None)
+    del sessions.runs[:]
     try:
         async with sched:
-            results = await asyncio.gather(*(sched.infer(_x(k)) for k in range(32)))
+            results = await asyncio.gather(*(sched.infer(_x(k)) for k in range(48)))
     finally:
         workers.close()
     for k, result in enumerate(results):
         np.testing.assert_array_equal(result.outputs["output"], _x(2.0 * k)["input"])
-    assert sessions.peak_cores == sessions.threads and sessions.peak_single <= 1, sessions.runs
+    return sessions
+
+
+async def test_a_batching_model_under_load_runs_lone_rows_beside_each_other_where_batches_do_not_pay() -> None:
+    sessions = await _burst_on_batching_model(batch_ms_per_row=2.0)  # flat: a batch saves nothing per row
+    single = [rows for name, rows in sessions.runs if name == "single"]
+    assert len(single) >= 40 and set(single) == {1}, sessions.runs
+    assert sessions.peak_single == 2, sessions.runs  # two at once on the two cores
+    assert sessions.peak_cores == 2  # never beside a pool run
+
+
+async def test_a_batching_model_under_load_batches_where_a_batch_makes_a_row_cheaper() -> None:
+    """Then each run takes every core (splitting batches over one-thread runs did not pay:
+    ``scheduler._width``)."""
+    sessions = await _burst_on_batching_model(batch_ms_per_row=1.0)  # 1.7 core-ms a row against 3.0
+    assert all(name == "pool" for name, _ in sessions.runs[1:]), sessions.runs  # the first may run alone
+    assert max(rows for _, rows in sessions.runs) > 1 and sessions.peak_cores == 2, sessions.runs
 
 
 async def test_default_configuration_under_load_serves_each_shape_by_its_cost_per_core(runtime, cnn) -> None:
@@ -225,3 +283,43 @@ async def test_default_configuration_under_load_serves_each_shape_by_its_cost_pe
         weight = 2 * SIDE_BY_SIDE_MARGIN if label in snapshot["beside"] else 1.0  # too short: time per run
         per_core = {"pool": measured["pool"] * weight, "single": measured["single"]}
         assert choice == min(per_core, key=per_core.__getitem__), (label, measured, choice)
+
+
+async def test_a_batching_model_on_real_sessions_runs_lone_rows_by_their_measured_cost_per_core(runtime, cnn) -> None:
+    """The daemon's scheduler with batching configured (its load-time cost curve, real sessions and
+    timings): answers equal ONNX Runtime's, and a burst's lone rows go beside each other exactly when
+    the switch's measurements, before and after the burst alike, make that cheaper per core than the
+    batches' best measured row (at the margin, where the two readings differ, either is right). (On
+    the zoo's CNN batches pay: 0.05 ms a row in batches of 4-8 on two threads against 0.10-0.18 for a
+    row alone on one thread, here.)"""
+    path, proto = cnn
+    config = model_config({"batching": {"max_batch_size": 8}})
+    model = runtime.load(path, backend="cpu", options=serving_options(runtime, config))
+    sched = scheduler_for(model, config, runtime, None)
+    switch = sched.single_thread
+    assert switch is not None and sched.batching and sched._sizer.curve.best_per_row_ms() is not None
+    rng = np.random.default_rng(22)
+    feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(80)]
+    one_row = {"input": (1, 3, 32, 32)}
+
+    def beside() -> bool:
+        return switch.beside_batches(one_row, sched._sizer.curve.best_per_row_ms(), explore=False)
+
+    try:
+        async with sched:
+            results = [await sched.infer(feed) for feed in feeds[:MIN_RUNS + 1]]  # alone: the pool's runs
+            await asyncio.to_thread(switch.wait_ready, 60.0)
+            results += [await sched.infer(feed) for feed in feeds[MIN_RUNS + 1:2 * (MIN_RUNS + 1)]]
+            for start in range(2 * (MIN_RUNS + 1), 48, 12):  # bursts: one-thread runs measured beside
+                results += await asyncio.gather(*(sched.infer(feed) for feed in feeds[start:min(48, start + 12)]))
+            before, lone_before = beside(), sched.counters["batch_size:1"]
+            results += await asyncio.gather(*(sched.infer(feed) for feed in feeds[48:]))
+            after, lone = beside(), sched.counters["batch_size:1"] - lone_before  # runs of one row in the burst
+    finally:
+        sched.discard()
+        model.close()
+    assert_like_ort(proto, feeds, results, "probabilities")
+    if before and after:
+        assert lone >= 16, sched.counters  # most of the 32 rows alone, one thread each
+    elif not before and not after:
+        assert lone <= 8, sched.counters  # most rows in batches
