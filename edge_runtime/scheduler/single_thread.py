@@ -197,7 +197,8 @@ class SingleThreadSwitch:
     def beside_batches(self, shapes: Mapping[str, Any], batch_row_ms: float, *, explore: bool = True) -> bool:
         """Under load, for a batching model: whether a one-row run of ``shapes`` on the one-thread
         session, beside another run, costs less per core than the pool's batches at ``batch_row_ms`` a
-        row (their best size, measured: ``CostCurve.best_per_row_ms``). Decided once the one-row key's
+        row (their best size, measured: ``CostCurve.best_per_row_ms``), the margin and each run's own
+        Python counted as for unbatched runs. Decided once the one-row key's
         one-thread runs are measured (until then its short runs go there to be measured); one request
         in ``EXPLORE_EVERY`` still joins a batch, so the batches' cost is measured again under today's
         load (``explore`` False: the choice alone, nothing counted)."""
@@ -210,8 +211,12 @@ class SingleThreadSwitch:
                 return False
             if entry.counted("single") < MIN_RUNS:
                 return True  # measure the one thread first: a short run, bounded by MAX_RUN_MS
-            if (not entry.side_by_side()
-                    or entry.ms_per_row["single"] >= batch_row_ms * self.pool_threads * SIDE_BY_SIDE_MARGIN):
+            # The one-thread row at its fastest (what the run costs: under load the average also holds the
+            # wait for the GIL after ONNX Runtime returns, ~1 ms a run on the classifier at c=16, where a
+            # core is idle, not busy) plus the scheduler's own Python a run, paid per row here and per
+            # batch there; the batches' row at its EWMA, counted once per pool thread.
+            if (not entry.side_by_side() or entry.fastest["single"] + SIDE_BY_SIDE_MIN_MS
+                    >= batch_row_ms * self.pool_threads * SIDE_BY_SIDE_MARGIN):
                 return False
             if not explore:
                 return True
