@@ -29,6 +29,7 @@ KNEE_MARGIN = 0.10  # per-row cost within 10 % of the best counts as "most of th
 CAP_MARGIN = 0.25  # larger batches must cost 25 % more per row before the sizer stops taking them
 MIN_RUNS = 5  # live runs of a size before it counts (a load-time measurement counts at once)
 EXPLORE_EVERY = 50  # runs between two batches that ignore the cap (BatchSizer)
+BATCH_REACH = 8  # rows of the largest batch that must be known before batches are judged by their best row
 ALPHA = 0.2  # EWMA weight of a new run (runs under load vary; the curve should not jump)
 
 
@@ -40,13 +41,9 @@ class CostCurve:
         self._per_row: dict[int, float] = {}
         self._runs: dict[int, int] = {}
         for rows, ms in (seed or {}).items():
-            self.seed(rows, ms)
-
-    def seed(self, rows: int, ms_per_row: float) -> None:
-        """A load-time measurement of ``rows`` rows: known at once."""
-        self.observe(rows, ms_per_row * rows)
-        if rows in self._runs:
-            self._runs[rows] = max(self._runs[rows], MIN_RUNS)
+            self.observe(rows, ms * rows)
+            if rows in self._runs:
+                self._runs[rows] = max(self._runs[rows], MIN_RUNS)  # measured at load: known at once
 
     def observe(self, rows: int, compute_ms: float) -> None:
         """A run of ``rows`` rows took ``compute_ms``; sizes outside 1..max_rows and bad times are ignored."""
@@ -75,11 +72,14 @@ class CostCurve:
         best = min(known.values())
         return min(rows for rows, ms in known.items() if ms <= best * (1.0 + KNEE_MARGIN))
 
-    def best_per_row_ms(self, min_rows: int = 2) -> float | None:
-        """The lowest per-row cost among the known sizes of at least ``min_rows`` rows (None: none known):
-        what batches cost a row at their best."""
-        known = [ms for rows, ms in self._known().items() if rows >= min_rows]
-        return min(known) if known else None
+    def batch_row_ms(self) -> float | None:
+        """What batches cost a row at their best: the lowest per-row cost of the known sizes of two rows or
+        more, once one of at least ``min(max_rows, BATCH_REACH)`` rows is known (None before: small
+        batches alone do not say what larger ones save)."""
+        known = {rows: ms for rows, ms in self._known().items() if rows >= 2}
+        if not known or max(known) < min(self.max_rows, BATCH_REACH):
+            return None
+        return min(known.values())
 
     def cap(self) -> int | None:
         """The largest size worth taking, when the known sizes above the best cost clearly more per row."""

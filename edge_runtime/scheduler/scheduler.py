@@ -174,8 +174,6 @@ class ModelScheduler:
         with self._lock:
             self.batching_decision = decision
             self.batching = decision.enabled
-            for rows, ms in decision.cost_ms_per_row:  # the experiment's cost curve (it was dropped)
-                self._sizer.curve.seed(rows, ms)
 
     # -- requests ----------------------------------------------------------------
     @property
@@ -315,7 +313,7 @@ class ModelScheduler:
         if not (busy and self.batching and plan_name == self._switch_plan and worker.run_units > 1
                 and head.rows == 1):
             return False
-        batch_row_ms = self._sizer.curve.best_per_row_ms()
+        batch_row_ms = self._sizer.curve.batch_row_ms()
         return batch_row_ms is not None and self.single_thread.beside_batches(head.feeds, batch_row_ms)
 
     def _inline_now(self, batch: list[QueuedRequest], worker: DeviceWorker, units: int) -> bool:

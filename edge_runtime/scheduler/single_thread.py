@@ -197,7 +197,7 @@ class SingleThreadSwitch:
     def beside_batches(self, shapes: Mapping[str, Any], batch_row_ms: float, *, explore: bool = True) -> bool:
         """Under load, for a batching model: whether a one-row run of ``shapes`` on the one-thread
         session, beside another run, costs less per core than the pool's batches at ``batch_row_ms`` a
-        row (their best size, measured: ``CostCurve.best_per_row_ms``), the margin and each run's own
+        row (their best size, measured: ``CostCurve.batch_row_ms``), the margin and each run's own
         Python counted as for unbatched runs. Decided once the one-row key's
         one-thread runs are measured (until then its short runs go there to be measured); one request
         in ``EXPLORE_EVERY`` still joins a batch, so the batches' cost is measured again under today's

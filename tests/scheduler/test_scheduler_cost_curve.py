@@ -24,6 +24,18 @@ from scheduler_fakes import InstrumentedPlan, compile_on, ort_oracle, wait_until
 OCR_CURVE = {1: 1.10, 4: 0.65, 8: 0.54, 16: 0.57}
 
 
+def test_a_batch_row_is_the_best_known_batch_once_a_batch_of_the_reach_is_known() -> None:
+    assert CostCurve(16, OCR_CURVE).batch_row_ms() == 0.54  # the best of 4, 8, 16 (a lone row is no batch)
+    assert CostCurve(16, {1: 1.0, 2: 0.9, 4: 0.8}).batch_row_ms() is None  # no batch of 8 rows known yet
+    assert CostCurve(4, {1: 1.0, 2: 0.9, 4: 0.8}).batch_row_ms() == 0.8  # 4 rows: the largest batch taken
+    live = CostCurve(16)
+    for _ in range(MIN_RUNS - 1):
+        live.observe(8, 8 * 0.5)
+    assert live.batch_row_ms() is None  # seen, not known
+    live.observe(8, 8 * 0.5)
+    assert live.batch_row_ms() == 0.5
+
+
 def test_knee_is_the_smallest_size_within_the_margin_of_the_best() -> None:
     assert CostCurve(16, OCR_CURVE).knee() == 8  # 16 is within 10 % of 8's 0.54, but 8 is smaller
     assert CostCurve(16, {1: 1.0, 2: 0.95}).knee() == 1

@@ -299,13 +299,13 @@ async def test_a_batching_model_on_real_sessions_runs_lone_rows_by_their_measure
     model = runtime.load(path, backend="cpu", options=serving_options(runtime, config))
     sched = scheduler_for(model, config, runtime, None)
     switch = sched.single_thread
-    assert switch is not None and sched.batching and sched._sizer.curve.best_per_row_ms() is not None
+    assert switch is not None and sched.batching and sched._sizer.curve.batch_row_ms() is not None
     rng = np.random.default_rng(22)
     feeds = [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(80)]
     one_row = {"input": (1, 3, 32, 32)}
 
     def beside() -> bool:
-        return switch.beside_batches(one_row, sched._sizer.curve.best_per_row_ms(), explore=False)
+        return switch.beside_batches(one_row, sched._sizer.curve.batch_row_ms(), explore=False)
 
     try:
         async with sched:
