@@ -38,7 +38,8 @@ at its best batch (8 and 16 rows per run spinning, 16 without spinning): rows/s 
 ceiling a batching server could reach in this process; and on one-thread sessions (a row alone,
 16 rows in one run, and one session per core side by side, one row each): ``one_thread``'s
 ``batching_ceiling`` is ORT's best batch over the side-by-side rows/s, the most batching could add
-over an unbatched server that runs one-thread rows side by side, before any HTTP. ``spin`` gives each cls daemon's
+over an unbatched server that runs one-thread rows side by side, before any HTTP. ``spin`` gives
+each cls daemon's
 runs on its spinning session and on its quiet twin (``edge_runtime.spin`` metadata).
 
 Where nghttp2's ``h2load`` is installed (Debian ``nghttp2-client``), every c=16 side on ``cls`` is
@@ -337,8 +338,8 @@ def configurations(result: dict[str, Any], rounds: list[dict[str, Any]],
         # The most batching can add over unbatched rows run side by side on one-thread sessions (as
         # the daemon runs them under load), before any HTTP: ORT's best batch over that, in process.
         side_by_side = best(rounds, "ort_1thread_side_by_side", "rows_per_s", lower=False)["rows_per_s"]
-        per_row = {rows: round(1e3 / best(rounds, f"ort_1thread_batch{rows}", "rows_per_s", lower=False)["rows_per_s"],
-                               3) for rows in (1, 16)}
+        per_row = {rows: round(1e3 / best(rounds, f"ort_1thread_batch{rows}", "rows_per_s",
+                                          lower=False)["rows_per_s"], 3) for rows in (1, 16)}
         table["one_thread"] = {"row_ms_batch1": per_row[1], "row_ms_batch16": per_row[16],
                                "side_by_side_rows_per_s": side_by_side,
                                "batching_ceiling": round(best_batch["rows_per_s"] / side_by_side, 2)}

@@ -117,14 +117,18 @@ def h2load_loop(url: str, model: str, body: tuple[bytes, dict[str, str]], concur
 
 def ort_loop(session: Any, feed: Mapping[str, np.ndarray], duration_s: float) -> dict[str, Any]:
     """Plain in-process ONNX Runtime, one request at a time (what a user would call instead)."""
-    latencies = []
-    stop_at = time.monotonic() + duration_s
+    latencies: list[float] = []
     started = time.monotonic()
+    _run_until(session, feed, started + duration_s, latencies)
+    return _stats(latencies, time.monotonic() - started)
+
+
+def _run_until(session: Any, feed: Mapping[str, np.ndarray], stop_at: float, latencies: list[float]) -> None:
+    """Run ``feed`` back to back until ``stop_at`` (monotonic), each run's ms appended to ``latencies``."""
     while time.monotonic() < stop_at:
         begin = time.perf_counter()
         session.run(None, dict(feed))
         latencies.append((time.perf_counter() - begin) * 1e3)
-    return _stats(latencies, time.monotonic() - started)
 
 
 def side_by_side_loop(sessions: list[Any], feed: Mapping[str, np.ndarray], duration_s: float) -> dict[str, Any]:
@@ -132,16 +136,9 @@ def side_by_side_loop(sessions: list[Any], feed: Mapping[str, np.ndarray], durat
     GIL inside a run): with one-thread sessions, what an unbatched server running rows side by side
     could reach in this process, no HTTP."""
     latencies: list[list[float]] = [[] for _ in sessions]
-    stop_at = time.monotonic() + duration_s
-
-    def loop(session: Any, out: list[float]) -> None:
-        while time.monotonic() < stop_at:
-            begin = time.perf_counter()
-            session.run(None, dict(feed))
-            out.append((time.perf_counter() - begin) * 1e3)
-
     started = time.monotonic()
-    threads = [threading.Thread(target=loop, args=(session, out)) for session, out in zip(sessions, latencies)]
+    threads = [threading.Thread(target=_run_until, args=(session, feed, started + duration_s, out))
+               for session, out in zip(sessions, latencies)]
     for thread in threads:
         thread.start()
     for thread in threads:

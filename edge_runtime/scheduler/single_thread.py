@@ -198,10 +198,10 @@ class SingleThreadSwitch:
         """Under load, for a batching model: whether a one-row run of ``shapes`` on the one-thread
         session, beside another run, costs less per core than the pool's batches at ``batch_row_ms`` a
         row (their best size, measured: ``CostCurve.batch_row_ms``), the margin and each run's own
-        Python counted as for unbatched runs. Decided once the one-row key's
-        one-thread runs are measured (until then its short runs go there to be measured); one request
-        in ``EXPLORE_EVERY`` still joins a batch, so the batches' cost is measured again under today's
-        load (``explore`` False: the choice alone, nothing counted)."""
+        Python counted as for unbatched runs. Decided once the one-row key's one-thread runs are
+        measured (until then its short runs go there to be measured); one request in ``EXPLORE_EVERY``
+        still joins a batch, so the batches' cost is measured again under today's load (``explore``
+        False: the choice alone, nothing counted)."""
         if self._runs["single"] is None:
             return False
         key, rows = _key_of(shapes)
