@@ -45,6 +45,13 @@ Rounds interleave the sides step by step; each figure is the best of its rounds.
 Goals (issue 22): time to first token <= 0.5x transformers' at every step; steps 2-5
 prefill only their new tokens (prefix-cache hits). Prints JSON, writes a PNG.
 
+Each row also has ``fp32_floor`` (``tools/vlm_floor.py``): the matrix FLOPs of what edge-runtime's
+step had to compute (the screenshots its feature cache did not hold, counted on transformers' own
+tower; the prompt tokens its prefix cache did not) at the best fp32 GEMM rate measured in the same
+run (``fp32_gemm_gflops``: ONNX Runtime's and PyTorch's, before and after each budget's rounds),
+and that time over transformers' TTFT. No fp32 engine gets below it; where its ratio is above 0.5
+the goal is out of reach in fp32 here.
+
 Usage: ``python tools/bench_vlm.py [--family qwen2_vl|glm4v|qwen3_vl] [--quick] [--threads 2] [--rounds 2]
 [--precision PART=NAME,...] [--keep-images 1] [--out bench-results/vlm]``
 """
@@ -63,8 +70,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "tools"):
+    if str(_path) not in sys.path:  # run as a script from a checkout
+        sys.path.insert(0, str(_path))
+
+from vlm_floor import floor_ms, gemm_peak_gflops, text_prefill_flops, vision_flops  # noqa: E402
 
 TEXT = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
             intermediate_size=1408, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
@@ -223,6 +233,22 @@ def messages(step: int, system: str, shots: list[Any], keep: int = 1) -> list[di
     return turns
 
 
+def image_count(turns: list[dict[str, Any]]) -> int:
+    return sum(isinstance(t["content"], list) and sum(p["type"] == "image" for p in t["content"]) for t in turns)
+
+
+def step_floor(model: Any, edge: dict[str, float], images: int, image_flops: int, gflops: dict[str, float],
+               transformers_ms: float) -> dict[str, float]:
+    """The fp32 floor (``tools/vlm_floor.py``) of what edge-runtime's step had to compute: the screenshots
+    its feature cache did not hold, the prompt tokens its prefix cache did not; against transformers' TTFT."""
+    encoded = images - int(edge["images_cached"])
+    new, past = int(edge["prompt_tokens"] - edge["cached_tokens"]), int(edge["cached_tokens"])
+    vision, text = encoded * image_flops, text_prefill_flops(model, new, past)
+    ms = floor_ms(vision + text, gflops)
+    return {"ms": round(ms, 1), "vision_gflop": round(vision / 1e9, 1), "text_gflop": round(text / 1e9, 1),
+            "ratio_to_transformers": round(ms / transformers_ms, 3)}
+
+
 class Transformers:
     """The transformers side: slow image processor, chat template, generate (the oracle's setup)."""
 
@@ -266,6 +292,12 @@ class Transformers:
         return {"ttft_ms": (first - started) * 1e3, "preprocess_ms": (prepared - started) * 1e3,
                 "model_ms": (first - prepared) * 1e3, "prompt_tokens": int(ids["input_ids"].shape[1]),
                 "decode_tokens_per_s": (len(stamps.times) - 2) / max(last - first, 1e-9)}
+
+
+    def vision_flops(self, image: Any) -> int:
+        """FLOPs of transformers' vision tower on ``image`` at this side's budget."""
+        pixels = self.images(images=[image], return_tensors="pt")
+        return vision_flops(self.model, pixels["pixel_values"], pixels["image_grid_thw"])
 
 
 class TokenTimes:
@@ -335,13 +367,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "keep_images": args.keep_images,
                               "quantized_precision": quantized, "budgets": {}}
     sides = {"edge_runtime": {}, **({"edge_runtime_quantized": quantized} if quantized else {})}
+    peaks: list[dict[str, float]] = []
     for label, tokens in BUDGETS.items():
         max_pixels = tokens * PIXELS_PER_TOKEN[args.family]  # [vision] max_pixels means what the processor's does
         hf_side = Transformers(hf, max_pixels, args.family)
+        peaks.append(gemm_peak_gflops(args.threads))  # the machine's fp32 GEMM rate, before and after the rounds
         # the episode's steps, the next episode's first step on the same (warm) models, then one more
         # episode's first step on models loaded anew (a restarted daemon: its prefix cache on disk)
         timings: dict[str, list[list[dict[str, float]]]] = {side: [[] for _ in range(steps + 2)]
                                                              for side in [*sides, "transformers"]}
+        images_per_step = [0] * (steps + 2)
         for _ in range(args.rounds):
             disk = Path(tempfile.mkdtemp(prefix="bench-vlm-prefix-"))
             models = {side: edge_model(folder, args.threads, max_pixels, precision, disk / side)
@@ -351,6 +386,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     # the next episode's first step (step == steps): a new screenshot, no history
                     shots = [screenshot(s) for s in range(step + 1)] if step < steps else [screenshot(step)]
                     turns = messages(step % steps, system, shots, args.keep_images)
+                    images_per_step[step] = image_count(turns)
                     for side, model in models.items():
                         timings[side][step].append(edge_step(model, turns, args.new_tokens))
                     timings["transformers"][step].append(hf_side.step(turns, args.new_tokens))
@@ -361,6 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          for side, precision in sides.items()}
             try:
                 turns = messages(0, system, [screenshot(steps + 1)], args.keep_images)
+                images_per_step[steps + 1] = image_count(turns)
                 for side, model in restarted.items():
                     timings[side][steps + 1].append(edge_step(model, turns, args.new_tokens))
                 timings["transformers"][steps + 1].append(hf_side.step(turns, args.new_tokens))
@@ -368,6 +405,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for model in restarted.values():
                     model.close()
                 shutil.rmtree(disk, ignore_errors=True)
+        peaks.append(gemm_peak_gflops(args.threads))
+        report["fp32_gemm_gflops"] = {engine: max(p[engine] for p in peaks) for engine in peaks[0]}
+        image_flops = hf_side.vision_flops(screenshot(0))  # every screenshot is 1080x2400: one grid per budget
         rows = []
         for step in range(steps + 2):
             label_step: int | str = (step + 1 if step < steps else "1 (next episode)" if step == steps
@@ -376,6 +416,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for side in sides:
                 key = "ttft_ratio" + side.removeprefix("edge_runtime")
                 row[key] = round(row[side]["ttft_ms"] / row["transformers"]["ttft_ms"], 3)
+            row["fp32_floor"] = step_floor(hf_side.model, row["edge_runtime"], images_per_step[step], image_flops,
+                                           report["fp32_gemm_gflops"], row["transformers"]["ttft_ms"])
             rows.append(row)
         report["budgets"][label] = rows
         del hf_side
@@ -407,6 +449,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
                    label=f"edge-runtime quantized ({report['quantized_precision']}): TTFT")
         ax.bar(x + offset, [r["transformers"]["ttft_ms"] for r in rows], width, color="grey",
                label="transformers fp32")
+        ax.scatter(x - offset, [r["fp32_floor"]["ms"] for r in rows], marker="_", s=400, color="black", zorder=3,
+                   label="fp32 floor: its FLOPs at peak GEMM")
+        ax.scatter(x + offset, [r["transformers"]["ttft_ms"] / 2 for r in rows], marker="_", s=400, color="red",
+                   zorder=3, label="goal: 0.5x transformers")
         ax.set_xticks(x, [f"step {r['step']}" if isinstance(r["step"], int) else
                           "next episode,\nstep 1" if "next" in r["step"] else "restarted,\nstep 1" for r in rows])
         ax.set_ylabel("time to first token (ms)")
