@@ -431,7 +431,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     budgets = list(report["budgets"])
-    fig, axes = plt.subplots(1, len(budgets), figsize=(6 * len(budgets), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(budgets), figsize=(6 * len(budgets), 6), squeeze=False)
     parts = [("image_decode_preprocess_ms", "image decode+preprocess"), ("vision_encode_ms", "vision encode"),
              ("prefill_ms", "prefill"), ("first_token_ms", "first token + rest")]
     quantized = "edge_runtime_quantized" in next(iter(report["budgets"].values()))[0]
@@ -454,11 +454,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.scatter(x + offset, [r["transformers"]["ttft_ms"] / 2 for r in rows], marker="_", s=400, color="red",
                    zorder=3, label="goal: 0.5x transformers")
         ax.set_xticks(x, [f"step {r['step']}" if isinstance(r["step"], int) else
-                          "next episode,\nstep 1" if "next" in r["step"] else "restarted,\nstep 1" for r in rows])
+                          "next\nepisode" if "next" in r["step"] else "after a\nrestart" for r in rows], fontsize=8)
         ax.set_ylabel("time to first token (ms)")
         ax.set_title(f"~{label} image tokens per screenshot")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=8)  # one legend, below: the bars stay clear
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     fig.savefig(path, dpi=110)
 
 
