@@ -293,7 +293,6 @@ class Transformers:
                 "model_ms": (first - prepared) * 1e3, "prompt_tokens": int(ids["input_ids"].shape[1]),
                 "decode_tokens_per_s": (len(stamps.times) - 2) / max(last - first, 1e-9)}
 
-
     def vision_flops(self, image: Any) -> int:
         """FLOPs of transformers' vision tower on ``image`` at this side's budget."""
         pixels = self.images(images=[image], return_tensors="pt")

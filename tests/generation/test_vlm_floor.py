@@ -78,6 +78,28 @@ def test_vision_flops_equal_qwen2_vl_by_hand(root) -> None:
     assert model.config.vision_config._attn_implementation == before  # the model is left as it was
 
 
+@pytest.mark.parametrize("family", sorted(SPECS))
+def test_vision_flops_count_every_patch_pair(root, family: str) -> None:
+    """On every family the count is the counter's under SDPA (which misses the attention products) plus
+    each block's scores and values over all patch pairs."""
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vlm_floor import vision_flops
+
+    spec = SPECS[family]
+    folder = checkpoint(spec, root)
+    model = load_model(folder)
+    images = transformers.Glm4vImageProcessor if family == "glm4v" else transformers.Qwen2VLImageProcessor
+    pixels = images.from_pretrained(folder)(images=[sample_image()], return_tensors="pt")
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model.model.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"])
+    patches = int(pixels["image_grid_thw"].prod())
+    attention = spec.vision_depth * 4 * patches * patches * spec.vision_dim
+    assert vision_flops(model, pixels["pixel_values"], pixels["image_grid_thw"]) == counter.get_total_flops() + attention
+
+
 def test_gemm_peak_measures_both_engines() -> None:
     from vlm_floor import floor_ms, gemm_peak_gflops
 
