@@ -27,24 +27,17 @@ GEMM_N = 2048
 
 def gemm_peak_gflops(threads: int, rounds: int = 5, repeat: int = 4, n: int = GEMM_N) -> dict[str, float]:
     """GFLOP/s of an fp32 ``n``^3 matrix product, best of ``rounds`` alternated rounds per engine."""
-    import onnxruntime as ort
     import torch
-    from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(0)
-    a, b = (rng.random((n, n), dtype=np.float32) for _ in range(2))
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "B"], ["Y"])], "gemm",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [n, n])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n, n])], [numpy_helper.from_array(b, "B")])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-                                   .SerializeToString(), options, providers=["CPUExecutionProvider"])
+    from bench_matmul_rows import matmul_model, session
+
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    gemm = session(matmul_model(n, n), threads)  # ONNX Runtime's MatMul on a constant weight
+    b = torch.from_numpy(np.random.default_rng(1).random((n, n), dtype=np.float32))
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    runs = {"onnxruntime": lambda: session.run(None, {"A": a}), "torch": lambda: ta @ tb}
+    ta = torch.from_numpy(a)
+    runs = {"onnxruntime": lambda: gemm.run(None, {"X": a}), "torch": lambda: ta @ b}
     best = dict.fromkeys(runs, float("inf"))
     try:
         for _ in range(rounds):
